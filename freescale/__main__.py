@@ -1,0 +1,5 @@
+import sys
+
+from freescale.cli import main
+
+sys.exit(main())
