@@ -1,0 +1,457 @@
+"""numba kernels of the planners, each followed by a plain-Python reference with the same rules.
+
+Tests compare every kernel with its ``*_ref`` twin on random inputs and demand identical output,
+so the tie-breaking rules below are part of the contract:
+
+- ``order_by_length_desc``: counting sort by length, longest first; each run of equal lengths is
+  shuffled by a seeded splitmix64 Fisher-Yates.
+- ``lpt_assign``: items in the given order go to the *feasible* bin with the lowest
+  ``(load + cost) / level`` (ties: lowest bin id, then column); feasible = the token cap holds and,
+  with rank quotas, the bin's rank still has room.
+- ``refine``: local search on the most-loaded bin (first of equals): for partner bins in ascending
+  load order (stable), find the move (x from b to t) or swap (x in b with y in t) that lowers the
+  pair's maximum the most; first strictly-best wins, scanning x by (cost, index), a move before the
+  swaps of the same x, swaps by ascending (cost, index) of y. The first of the ``max_partners``
+  lightest partners that admits an improvement is taken. Stops when the worst bin is within
+  ``tolerance`` of its level, admits no improvement, or after ``max_iters`` accepted steps.
+
+Bins are ``b = rank * microbatches + slot``; rank quotas (``equal_count``) allow ``lo`` samples per
+rank, ``hi = lo + 1`` for at most ``n_extra`` ranks.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+from numba import njit
+
+_MASK64 = (1 << 64) - 1
+
+
+# ---------------------------------------------------------------- ordering
+
+
+@njit(cache=True, nogil=True)
+def _splitmix64(state):
+    state = state + np.uint64(0x9E3779B97F4A7C15)
+    z = state
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return state, z ^ (z >> np.uint64(31))
+
+
+def _splitmix64_ref(state: int) -> tuple[int, int]:
+    state = (state + 0x9E3779B97F4A7C15) & _MASK64
+    z = state
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return state, z ^ (z >> 31)
+
+
+@njit(cache=True, nogil=True)
+def order_by_length_desc(lengths, seed):
+    """Indices (int64 (N,)) sorted by length, longest first; equal lengths in a seeded random order.
+
+    Counting sort (O(N + max length), sequential reads), then a Fisher-Yates shuffle of each run of
+    equal lengths, longest run first, driven by one splitmix64 stream seeded by ``seed``; the swap
+    partner of position i in a run of size s is ``j = (z >> 32) * (i + 1) >> 32`` (Lemire's range
+    reduction of the high 32 random bits).
+    """
+    n = lengths.shape[0]
+    if n == 0:
+        return np.empty(0, dtype=np.int64)
+    max_len = lengths.max()
+    # starts: (max_len + 2,) start offset of each length in the descending output
+    starts = np.zeros(max_len + 2, dtype=np.int64)
+    for i in range(n):
+        starts[max_len - lengths[i] + 1] += 1
+    for v in range(1, max_len + 2):
+        starts[v] += starts[v - 1]
+    out = np.empty(n, dtype=np.int64)
+    fill = starts.copy()
+    for i in range(n):
+        slot = max_len - lengths[i]
+        out[fill[slot]] = i
+        fill[slot] += 1
+    state = np.uint64(seed)
+    for slot in range(max_len + 1):
+        lo = starts[slot]
+        for i in range(starts[slot + 1] - lo - 1, 0, -1):
+            state, z = _splitmix64(state)
+            j = np.int64(((z >> np.uint64(32)) * np.uint64(i + 1)) >> np.uint64(32))
+            out[lo + i], out[lo + j] = out[lo + j], out[lo + i]
+    return out
+
+
+def order_by_length_desc_ref(lengths: np.ndarray, seed: int) -> np.ndarray:
+    runs: dict[int, list[int]] = {}
+    for i, length in enumerate(lengths.tolist()):
+        runs.setdefault(length, []).append(i)
+    out: list[int] = []
+    state = seed & _MASK64
+    for length in sorted(runs, reverse=True):
+        run = runs[length]
+        for i in range(len(run) - 1, 0, -1):
+            state, z = _splitmix64_ref(state)
+            j = ((z >> 32) * (i + 1)) >> 32
+            run[i], run[j] = run[j], run[i]
+        out.extend(run)
+    return np.asarray(out, dtype=np.int64)
+
+
+# ---------------------------------------------------------------- LPT on bins with target levels
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _replay(tree, base, keys, node):
+    """Re-plays the matches from ``node`` up to the root of the winner tree at ``tree[base:]``."""
+    while node >= 1:
+        left, right = tree[base + 2 * node], tree[base + 2 * node + 1]
+        tree[base + node] = left if keys[left] <= keys[right] else right  # ties: lower leaf
+        node >>= 1
+
+
+@njit(cache=True, nogil=True)
+def lpt_assign(order, costs, lengths, microbatches, column_of_bin, levels, token_cap, quotas, lo, n_extra):
+    """Greedy LPT onto bins with target levels; returns bin ids (int64 (N,)), -1 where nothing fits.
+
+    Each item (in ``order``) goes to the feasible bin minimising ``(load + cost) / level``; bins of
+    one column share a level, so the best bin of a column is its least-loaded feasible one. Each
+    column keeps a winner tree over its bins (ties: lowest bin id; across columns: lowest column).
+    A bin out of play has key +inf: for good when its rank's quota is full, for one item when the
+    item would break the token cap. ``token_cap`` <= 0: no cap; ``quotas`` False: no quotas.
+    """
+    n_bins = column_of_bin.shape[0]
+    n_cols = levels.shape[0]
+    bins = np.full(costs.shape[0], -1, dtype=np.int64)
+    loads = np.zeros(n_bins, dtype=np.float64)
+    tokens = np.zeros(n_bins, dtype=np.int64)
+    rank_counts = np.zeros(max(n_bins // microbatches, 1), dtype=np.int64)
+    n_at_hi = 0
+    # column c: leaves are its bins in ascending id, padded to a power of two ``width[c]``; its tree
+    # occupies tree[offset[c] : offset[c] + 2 * width[c]], node 1 is the root, leaves from width[c].
+    # Tree entries are slots into ``keys``/``slot_bin``; slot = offset[c] + leaf position.
+    counts = np.bincount(column_of_bin, minlength=n_cols)
+    width = np.ones(n_cols, dtype=np.int64)
+    for c in range(n_cols):
+        while width[c] < counts[c]:
+            width[c] *= 2
+    offset = np.zeros(n_cols + 1, dtype=np.int64)
+    offset[1:] = np.cumsum(2 * width)
+    keys = np.full(offset[n_cols], np.inf)
+    slot_bin = np.full(offset[n_cols], -1, dtype=np.int64)
+    bin_slot = np.empty(n_bins, dtype=np.int64)
+    tree = np.zeros(offset[n_cols], dtype=np.int64)
+    filled = np.zeros(n_cols, dtype=np.int64)
+    for b in range(n_bins):
+        c = column_of_bin[b]
+        slot = offset[c] + width[c] + filled[c]
+        filled[c] += 1
+        keys[slot], slot_bin[slot], bin_slot[b] = 0.0, b, slot
+    for c in range(n_cols):
+        t = tree[offset[c]:offset[c + 1]]
+        for leaf in range(width[c]):
+            t[width[c] + leaf] = offset[c] + width[c] + leaf
+        for node in range(width[c] - 1, 0, -1):
+            left, right = t[2 * node], t[2 * node + 1]
+            t[node] = left if keys[left] <= keys[right] else right
+    # gather in placement order first: the loop below is a chain of dependent tree updates, and
+    # random reads of costs[i] / lengths[i] inside it would stall that chain
+    item_cost = costs[order]  # (N,)
+    item_len = lengths[order]  # (N,)
+    placed = np.full(order.shape[0], -1, dtype=np.int64)  # bin of order[pos]
+    stash = np.empty(n_bins, dtype=np.int64)
+    for pos in range(order.shape[0]):
+        cost, length = item_cost[pos], item_len[pos]
+        n_stash = 0
+        best_bin, best_score = -1, np.inf
+        for c in range(n_cols):
+            while True:  # bring a feasible bin to the root of column c
+                slot = tree[offset[c] + 1]
+                if keys[slot] == np.inf:
+                    break
+                b = slot_bin[slot]
+                if quotas and rank_counts[b // microbatches] >= (lo + 1 if n_at_hi < n_extra else lo):
+                    keys[slot] = np.inf  # rank full for good
+                elif token_cap > 0 and tokens[b] + length > token_cap:
+                    stash[n_stash] = b
+                    n_stash += 1
+                    keys[slot] = np.inf
+                else:
+                    score = (keys[slot] + cost) / levels[c]
+                    if score < best_score:
+                        best_bin, best_score = b, score
+                    break
+                _replay(tree, offset[c], keys, (slot - offset[c]) >> 1)
+        for k in range(n_stash):  # put skipped bins back in play
+            b = stash[k]
+            c = column_of_bin[b]
+            keys[bin_slot[b]] = loads[b]
+            _replay(tree, offset[c], keys, (bin_slot[b] - offset[c]) >> 1)
+        if best_bin < 0:
+            break  # caller reports the item that did not fit
+        placed[pos] = best_bin
+        loads[best_bin] += cost
+        tokens[best_bin] += length
+        r = best_bin // microbatches
+        rank_counts[r] += 1
+        if quotas and rank_counts[r] == lo + 1:
+            n_at_hi += 1
+        c = column_of_bin[best_bin]
+        keys[bin_slot[best_bin]] = loads[best_bin]
+        _replay(tree, offset[c], keys, (bin_slot[best_bin] - offset[c]) >> 1)
+    bins[order] = placed
+    return bins
+
+
+def lpt_assign_ref(order, costs, lengths, microbatches, column_of_bin, levels, token_cap, quotas, lo, n_extra):
+    n_bins, n_cols = len(column_of_bin), len(levels)
+    bins = np.full(len(costs), -1, dtype=np.int64)
+    loads, tokens = [0.0] * n_bins, [0] * n_bins
+    rank_counts = [0] * max(n_bins // microbatches, 1)
+    n_at_hi = 0
+    heaps = [[(0.0, b) for b in range(n_bins) if column_of_bin[b] == c] for c in range(n_cols)]
+    for i in order:
+        stash, candidate = [], [-1] * n_cols
+        for c in range(n_cols):
+            while heaps[c]:
+                _, b = heapq.heappop(heaps[c])
+                allowed = lo + 1 if n_at_hi < n_extra else lo
+                if quotas and rank_counts[b // microbatches] >= allowed:
+                    continue
+                if token_cap > 0 and tokens[b] + lengths[i] > token_cap:
+                    stash.append(b)
+                    continue
+                candidate[c] = b
+                break
+        scored = [((loads[b] + costs[i]) / levels[c], c) for c, b in enumerate(candidate) if b >= 0]
+        if not scored:
+            return bins
+        placed = candidate[min(scored)[1]]
+        bins[i] = placed
+        loads[placed] += costs[i]
+        tokens[placed] += int(lengths[i])
+        rank_counts[placed // microbatches] += 1
+        if quotas and rank_counts[placed // microbatches] == lo + 1:
+            n_at_hi += 1
+        for b in [b for b in candidate if b >= 0] + stash:
+            heapq.heappush(heaps[column_of_bin[b]], (loads[b], b))
+    return bins
+
+
+# ---------------------------------------------------------------- local-search refinement
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _members(head, nxt, b, costs):
+    """Items of bin ``b`` sorted by (cost, index): int64 (n_b,)."""
+    count = 0
+    i = head[b]
+    while i >= 0:
+        count += 1
+        i = nxt[i]
+    out = np.empty(count, dtype=np.int64)
+    i, pos = head[b], 0
+    while i >= 0:
+        out[pos] = i
+        pos += 1
+        i = nxt[i]
+    out.sort()
+    return out[np.argsort(costs[out], kind="mergesort")]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _unlink(head, nxt, prv, i, b):
+    if prv[i] >= 0:
+        nxt[prv[i]] = nxt[i]
+    else:
+        head[b] = nxt[i]
+    if nxt[i] >= 0:
+        prv[nxt[i]] = prv[i]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _link(head, nxt, prv, i, b):
+    nxt[i] = head[b]
+    prv[i] = -1
+    if head[b] >= 0:
+        prv[head[b]] = i
+    head[b] = i
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _pair_score(lb, hb, lt, ht, d):
+    """How much moving cost ``d`` from bin b to bin t lowers the pair's max load/level."""
+    return lb / hb - max((lb - d) / hb, (lt + d) / ht)
+
+
+@njit(cache=True, nogil=True)
+def refine(bins, costs, lengths, microbatches, column_of_bin, levels, token_cap, quotas, lo, n_extra, max_iters,
+           tolerance, max_partners):
+    """Lowers the max of load/level over bins by moves and swaps; ``bins`` int64 (N,) in place.
+
+    Returns the number of accepted steps. Stops when every bin is within ``1 + tolerance`` of its
+    level, or when none of the ``max_partners`` lightest bins admits an improvement.
+    """
+    n = costs.shape[0]
+    n_bins = column_of_bin.shape[0]
+    level = levels[column_of_bin]  # (n_bins,)
+    loads = np.zeros(n_bins, dtype=np.float64)
+    tokens = np.zeros(n_bins, dtype=np.int64)
+    rank_counts = np.zeros(max(n_bins // microbatches, 1), dtype=np.int64)
+    for i in range(n - 1, -1, -1):
+        b = bins[i]
+        loads[b] += costs[i]
+        tokens[b] += lengths[i]
+        rank_counts[b // microbatches] += 1
+    if np.max(loads / level) <= 1.0 + tolerance:
+        return 0  # already balanced: skip building the member lists
+    head = np.full(n_bins, -1, dtype=np.int64)
+    nxt = np.full(n, -1, dtype=np.int64)
+    prv = np.full(n, -1, dtype=np.int64)
+    for i in range(n - 1, -1, -1):
+        _link(head, nxt, prv, i, bins[i])
+    steps = 0
+    while steps < max_iters:
+        ratio = loads / level
+        b = np.argmax(ratio)
+        if ratio[b] <= 1.0 + tolerance:
+            break
+        lb, hb, rb = loads[b], level[b], b // microbatches
+        xs = _members(head, nxt, b, costs)
+        accepted = False
+        for t in np.argsort(ratio, kind="mergesort")[:max_partners]:
+            lt, ht, rt = loads[t], level[t], t // microbatches
+            limit = lb * ht / hb - lt  # moving d < limit keeps t under b's ratio
+            if limit <= 0.0:
+                break
+            d_star = (lb * ht - lt * hb) / (hb + ht)  # equalises the two ratios
+            cross_move_ok = not quotas or rb == rt or (rank_counts[rb] == lo + 1 and rank_counts[rt] == lo)
+            ys = _members(head, nxt, t, costs)
+            cy = costs[ys]
+            best_score, best_x, best_y = 0.0, -1, -1
+            prev_cost = -1.0
+            for x in xs:
+                cx = costs[x]
+                if cx == prev_cost:
+                    continue  # equal cost means equal length: same candidates as the previous x
+                prev_cost = cx
+                if cx < limit and cross_move_ok and (token_cap <= 0 or tokens[t] + lengths[x] <= token_cap):
+                    score = _pair_score(lb, hb, lt, ht, cx)
+                    if score > best_score:
+                        best_score, best_x, best_y = score, x, -1
+                # swaps: valid y has cx - limit < cy < cx; the best one on each side of cx - d_star
+                pos = np.searchsorted(cy, cx - d_star)
+                for side in range(2):
+                    p = pos - 1 if side == 0 else pos
+                    step = -1 if side == 0 else 1
+                    while 0 <= p < cy.shape[0]:
+                        d = cx - cy[p]
+                        if d <= 0.0 or d >= limit:
+                            p = -1
+                            break
+                        y = ys[p]
+                        if token_cap <= 0 or (
+                            tokens[t] - lengths[y] + lengths[x] <= token_cap
+                            and tokens[b] - lengths[x] + lengths[y] <= token_cap
+                        ):
+                            break
+                        p += step
+                    if 0 <= p < cy.shape[0]:
+                        while side == 0 and p > 0 and cy[p - 1] == cy[p]:
+                            p -= 1  # first of equal costs, as a forward scan would find
+                        score = _pair_score(lb, hb, lt, ht, cx - cy[p])
+                        if score > best_score:
+                            best_score, best_x, best_y = score, x, ys[p]
+            if best_x >= 0:
+                cy_best = costs[best_y] if best_y >= 0 else 0.0
+                ly_best = lengths[best_y] if best_y >= 0 else 0
+                loads[b] = loads[b] - costs[best_x] + cy_best
+                loads[t] = loads[t] - cy_best + costs[best_x]
+                tokens[b] += ly_best - lengths[best_x]
+                tokens[t] += lengths[best_x] - ly_best
+                _unlink(head, nxt, prv, best_x, b)
+                _link(head, nxt, prv, best_x, t)
+                bins[best_x] = t
+                if best_y >= 0:
+                    _unlink(head, nxt, prv, best_y, t)
+                    _link(head, nxt, prv, best_y, b)
+                    bins[best_y] = b
+                else:
+                    rank_counts[rb] -= 1
+                    rank_counts[rt] += 1
+                accepted = True
+                break
+        if not accepted:
+            break
+        steps += 1
+    return steps
+
+
+def refine_ref(bins, costs, lengths, microbatches, column_of_bin, levels, token_cap, quotas, lo, n_extra, max_iters,
+               tolerance, max_partners):
+    """Brute-force twin of ``refine``: every (x, y) pair of the worst bin and each partner."""
+    n_bins = len(column_of_bin)
+    level = np.asarray(levels)[column_of_bin]
+    loads = np.zeros(n_bins)
+    tokens = np.zeros(n_bins, dtype=np.int64)
+    rank_counts = np.zeros(max(n_bins // microbatches, 1), dtype=np.int64)
+    for i in range(len(bins) - 1, -1, -1):  # same summation order as the kernel
+        loads[bins[i]] += costs[i]
+        tokens[bins[i]] += lengths[i]
+        rank_counts[bins[i] // microbatches] += 1
+    steps = 0
+    while steps < max_iters:
+        ratio = loads / level
+        b = int(np.argmax(ratio))
+        if ratio[b] <= 1.0 + tolerance:
+            break
+        lb, hb, rb = loads[b], level[b], b // microbatches
+        xs = sorted(np.flatnonzero(bins == b), key=lambda i: (costs[i], i))
+        accepted = False
+        for t in np.argsort(ratio, kind="stable")[:max_partners]:
+            lt, ht, rt = loads[t], level[t], t // microbatches
+            limit = lb * ht / hb - lt
+            if limit <= 0.0:
+                break
+            cross_move_ok = not quotas or rb == rt or (rank_counts[rb] == lo + 1 and rank_counts[rt] == lo)
+            ys = sorted(np.flatnonzero(bins == t), key=lambda i: (costs[i], i))
+            best_score, best_x, best_y = 0.0, -1, -1
+            for x in xs:
+                cx = costs[x]
+                fits = token_cap <= 0 or tokens[t] + lengths[x] <= token_cap
+                if cx < limit and cross_move_ok and fits:
+                    score = _pair_score.py_func(lb, hb, lt, ht, cx)
+                    if score > best_score:
+                        best_score, best_x, best_y = score, x, -1
+                for y in ys:
+                    d = cx - costs[y]
+                    if not 0.0 < d < limit:
+                        continue
+                    if token_cap > 0 and (
+                        tokens[t] - lengths[y] + lengths[x] > token_cap or tokens[b] - lengths[x] + lengths[y] > token_cap
+                    ):
+                        continue
+                    score = _pair_score.py_func(lb, hb, lt, ht, d)
+                    if score > best_score:
+                        best_score, best_x, best_y = score, x, y
+            if best_x >= 0:
+                cy = costs[best_y] if best_y >= 0 else 0.0
+                ly = lengths[best_y] if best_y >= 0 else 0
+                loads[b] = loads[b] - costs[best_x] + cy
+                loads[t] = loads[t] - cy + costs[best_x]
+                tokens[b] += ly - lengths[best_x]
+                tokens[t] += lengths[best_x] - ly
+                bins[best_x] = t
+                if best_y >= 0:
+                    bins[best_y] = b
+                else:
+                    rank_counts[rb] -= 1
+                    rank_counts[rt] += 1
+                accepted = True
+                break
+        if not accepted:
+            break
+        steps += 1
+    return steps

@@ -1,0 +1,44 @@
+"""Balance metrics of one planned global batch (design §4).
+
+``C[r, j]`` is the cost of rank r's microbatch j; R ranks, M microbatches.
+
+- ``max_over_mean`` = max C / mean C
+- ``lower_bound`` = max(total / (R M), largest single-sample cost); ``max_over_lower_bound`` = max C / it
+- ``bubble_fraction`` (lockstep, a collective after every microbatch)
+  = 1 - sum_j mean_r C[r, j] / sum_j max_r C[r, j]
+- ``step_bubble_fraction`` (one collective per step) = 1 - mean_r sum_j C[r, j] / max_r sum_j C[r, j]
+- ``token_cap_violations``: microbatches whose token count exceeds ``max_tokens`` (0 without a cap)
+
+An empty batch (total cost 0) has ratios of 1 and bubbles of 0: nothing waits on anything.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def balance_metrics(loads: np.ndarray, tokens: np.ndarray, counts: np.ndarray, *, max_single_cost: float,
+                    max_tokens: int | None = None) -> dict:
+    """Metrics from per-bin loads/tokens/counts, each (R, M)."""
+    ranks, microbatches = loads.shape
+    total = float(loads.sum())
+    peak = float(loads.max()) if loads.size else 0.0
+    mean = total / loads.size if loads.size else 0.0
+    lower_bound = max(mean, float(max_single_cost))
+    column_max = loads.max(axis=0)  # (M,)
+    rank_sums = loads.sum(axis=1)  # (R,)
+    per_rank = counts.sum(axis=1)  # (R,)
+    return {
+        "max_over_mean": peak / mean if mean > 0 else 1.0,
+        "lower_bound": lower_bound,
+        "max_over_lower_bound": peak / lower_bound if lower_bound > 0 else 1.0,
+        "bubble_fraction": 1.0 - float(loads.mean(axis=0).sum() / column_max.sum()) if total > 0 else 0.0,
+        "step_bubble_fraction": 1.0 - float(rank_sums.mean() / rank_sums.max()) if total > 0 else 0.0,
+        "token_cap_violations": int(np.count_nonzero(tokens > max_tokens)) if max_tokens is not None else 0,
+        "max_cost": peak,
+        "max_tokens_per_microbatch": int(tokens.max()) if tokens.size else 0,
+        "samples_per_rank_min": int(per_rank.min()),
+        "samples_per_rank_max": int(per_rank.max()),
+        "ranks": ranks,
+        "microbatches": microbatches,
+    }

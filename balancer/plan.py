@@ -1,0 +1,173 @@
+"""``balancer.plan``: assign every sample of one global batch to a (rank, microbatch) bin.
+
+The dispatcher validates the inputs once, runs the chosen planner from the registry, verifies that
+every sample landed in exactly one bin within the constraints it promises, and computes the metrics.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from balancer.cost import DEFAULT_COST_MODEL, CostModel
+from balancer.metrics import balance_metrics
+from balancer.registry import Problem, get_planner
+
+# Planners that honour ``max_tokens`` and ``equal_count``; the others are reference baselines that
+# are equal-count by construction and do not know about token caps (their violations are counted).
+CONSTRAINT_AWARE = frozenset({"balanced", "lpt"})
+
+
+@dataclass
+class Plan:
+    """A planned global batch: sample i goes to ``rank[i]``'s microbatch ``microbatch[i]``."""
+
+    rank: np.ndarray  # int32 (N,)
+    microbatch: np.ndarray  # int32 (N,)
+    loads: np.ndarray  # float64 (R, M): summed cost per bin
+    tokens: np.ndarray  # int64 (R, M): summed length per bin
+    counts: np.ndarray  # int64 (R, M): samples per bin
+    metrics: dict
+    method: str
+    seconds: float = field(default=0.0, compare=False)  # planner wall time
+
+    @property
+    def ranks(self) -> int:
+        return self.loads.shape[0]
+
+    @property
+    def microbatches(self) -> int:
+        return self.loads.shape[1]
+
+    def groups(self) -> tuple[np.ndarray, np.ndarray]:
+        """Samples grouped by bin ``b = rank * M + microbatch``, ascending index inside a bin.
+
+        Returns ``order`` int64 (N,) and ``offsets`` int64 (R*M + 1,): bin b holds
+        ``order[offsets[b]:offsets[b + 1]]``.
+        """
+        bins = self.rank.astype(np.int64) * self.microbatches + self.microbatch
+        order = np.argsort(bins, kind="stable")
+        offsets = np.zeros(self.ranks * self.microbatches + 1, dtype=np.int64)
+        np.cumsum(self.counts.reshape(-1), out=offsets[1:])
+        return order, offsets
+
+    def members(self, rank: int, microbatch: int) -> np.ndarray:
+        """Sample indices (ascending) of one bin."""
+        return np.flatnonzero((self.rank == rank) & (self.microbatch == microbatch))
+
+
+def plan(
+    lengths,
+    *,
+    ranks: int,
+    microbatches: int,
+    cost_model: CostModel | None = None,
+    max_tokens: int | None = None,
+    equal_count: bool = False,
+    method: str = "balanced",
+    seed: int = 0,
+) -> Plan:
+    """Split one global batch of sequence ``lengths`` into ``ranks`` x ``microbatches`` bins.
+
+    ``method``: ``balanced`` (ours) or a reference planner ``naive``, ``zigzag``, ``kk``, ``lpt``.
+    ``max_tokens`` caps the summed length of every microbatch; ``equal_count`` gives every rank
+    the same number of samples (+-1). Same inputs, same plan. See ``docs/planner.md``.
+    """
+    planner = get_planner(method)
+    ranks = _positive_int("ranks", ranks)
+    microbatches = _positive_int("microbatches", microbatches)
+    lengths = validate_lengths(lengths)
+    cost_model = cost_model or DEFAULT_COST_MODEL
+    if not isinstance(cost_model, CostModel):
+        raise ValueError(f"cost_model must be a balancer.CostModel, got {type(cost_model).__name__}")
+    if max_tokens is not None:
+        max_tokens = _positive_int("max_tokens", max_tokens)
+        _check_token_cap(lengths, max_tokens, ranks * microbatches)
+    if not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    costs = cost_model.cost(lengths)
+    problem = Problem(lengths, costs, ranks, microbatches, max_tokens, bool(equal_count), int(seed))
+
+    start = time.perf_counter()
+    rank, microbatch = planner(problem)
+    seconds = time.perf_counter() - start
+    return _assemble(problem, method, rank, microbatch, seconds)
+
+
+def validate_lengths(lengths) -> np.ndarray:
+    """Lengths as int64 (N,); a ValueError names the first bad index and value."""
+    arr = np.asarray(lengths)
+    if arr.ndim != 1:
+        raise ValueError(f"lengths must be one-dimensional, got shape {arr.shape}")
+    if arr.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if arr.dtype == bool or not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
+        raise ValueError(f"lengths must be integers, got dtype {arr.dtype}")
+    if np.issubdtype(arr.dtype, np.floating):
+        bad = np.flatnonzero(~np.isfinite(arr) | (arr != np.floor(arr)))
+        if bad.size:
+            raise ValueError(f"lengths must be integers: lengths[{bad[0]}] = {arr[bad[0]]!r}")
+    bad = np.flatnonzero(arr < 1)
+    if bad.size:
+        raise ValueError(
+            f"lengths must be >= 1: lengths[{bad[0]}] = {arr[bad[0]]!r} ({bad.size} such samples); "
+            "drop empty histories before planning"
+        )
+    return arr.astype(np.int64, copy=False)
+
+
+def _positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def _check_token_cap(lengths: np.ndarray, max_tokens: int, n_bins: int) -> None:
+    too_long = np.flatnonzero(lengths > max_tokens)
+    if too_long.size:
+        i = too_long[0]
+        raise ValueError(
+            f"sample {i} has length {lengths[i]} > max_tokens={max_tokens} ({too_long.size} such samples); "
+            "raise max_tokens or truncate histories with max_seq_len"
+        )
+    total = int(lengths.sum())
+    if total > max_tokens * n_bins:
+        raise ValueError(
+            f"{total} tokens do not fit in {n_bins} microbatches of max_tokens={max_tokens} "
+            f"(capacity {max_tokens * n_bins}); raise max_tokens, microbatches or ranks, or lower samples_per_step"
+        )
+
+
+def _assemble(problem: Problem, method: str, rank: np.ndarray, microbatch: np.ndarray, seconds: float) -> Plan:
+    R, M = problem.ranks, problem.microbatches
+    rank = np.asarray(rank).astype(np.int32, copy=False)
+    microbatch = np.asarray(microbatch).astype(np.int32, copy=False)
+    if rank.shape != (problem.n,) or microbatch.shape != (problem.n,):
+        raise RuntimeError(f"planner {method!r} returned arrays of the wrong shape")
+    if problem.n and (rank.min() < 0 or rank.max() >= R or microbatch.min() < 0 or microbatch.max() >= M):
+        raise RuntimeError(f"planner {method!r} returned a bin outside {R} x {M}")
+    bins = rank.astype(np.int64) * M + microbatch  # (N,)
+    loads = np.bincount(bins, weights=problem.costs, minlength=R * M).reshape(R, M)
+    tokens = np.bincount(bins, weights=problem.lengths, minlength=R * M).astype(np.int64).reshape(R, M)
+    counts = np.bincount(bins, minlength=R * M).astype(np.int64).reshape(R, M)
+    metrics = balance_metrics(
+        loads,
+        tokens,
+        counts,
+        max_single_cost=float(problem.costs.max()) if problem.n else 0.0,
+        max_tokens=problem.max_tokens,
+    )
+    if method in CONSTRAINT_AWARE:
+        _check_constraints(problem, method, tokens, counts, metrics)
+    return Plan(rank, microbatch, loads, tokens, counts, metrics, method, seconds)
+
+
+def _check_constraints(problem: Problem, method: str, tokens, counts, metrics) -> None:
+    if metrics["token_cap_violations"]:
+        raise RuntimeError(f"planner {method!r} broke max_tokens={problem.max_tokens}; please report this bug")
+    if problem.equal_count:
+        per_rank = counts.sum(axis=1)
+        if per_rank.max() - per_rank.min() > 1:
+            raise RuntimeError(f"planner {method!r} broke equal_count ({per_rank.min()}..{per_rank.max()})")

@@ -1,0 +1,72 @@
+"""Planner registry: every method of ``balancer.plan`` is a function registered here by name.
+
+A planner takes a validated ``Problem`` and returns ``(rank, microbatch)``, both int64 (N,).
+The dispatcher (``balancer.plan``) validates inputs, calls it, checks the result and computes metrics,
+so a planner holds only its algorithm.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from balancer.kernels import order_by_length_desc
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One global batch to split into ``ranks`` x ``microbatches`` bins (validated by ``plan``)."""
+
+    lengths: np.ndarray  # int64 (N,), >= 1
+    costs: np.ndarray  # float64 (N,)
+    ranks: int
+    microbatches: int
+    max_tokens: int | None
+    equal_count: bool
+    seed: int
+
+    @property
+    def n(self) -> int:
+        return int(self.lengths.shape[0])
+
+    @property
+    def n_bins(self) -> int:
+        return self.ranks * self.microbatches
+
+    def quotas(self) -> tuple[bool, int, int]:
+        """Per-rank sample quotas for ``equal_count``: (enabled, lo, n_extra); ``n_extra`` ranks get lo + 1."""
+        return self.equal_count, self.n // self.ranks, self.n % self.ranks
+
+    def token_cap(self) -> int:
+        return int(self.max_tokens) if self.max_tokens is not None else 0
+
+    def longest_first(self) -> np.ndarray:
+        """Sample indices sorted by length, longest first; ties in a seeded random order. int64 (N,)."""
+        return order_by_length_desc(self.lengths, self.seed)
+
+
+Planner = Callable[[Problem], "tuple[np.ndarray, np.ndarray]"]
+_PLANNERS: dict[str, Planner] = {}
+
+
+def register(name: str) -> Callable[[Planner], Planner]:
+    def decorate(fn: Planner) -> Planner:
+        if name in _PLANNERS:
+            raise ValueError(f"planner {name!r} is already registered")
+        _PLANNERS[name] = fn
+        return fn
+
+    return decorate
+
+
+def get_planner(name: str) -> Planner:
+    try:
+        return _PLANNERS[name]
+    except KeyError:
+        raise ValueError(f"unknown planning method {name!r}; choose one of {', '.join(available_methods())}") from None
+
+
+def available_methods() -> tuple[str, ...]:
+    return tuple(_PLANNERS)
