@@ -29,7 +29,8 @@ from balancer.registry import Problem, register
 
 # Accepted refinement steps per bin before giving up on the last tiny gains.
 REFINE_STEPS_PER_BIN = 64
-# Refinement stops when the worst bin is within this fraction of its level.
+# Refinement stops when every bin is within this fraction of its level (exactly at it where the
+# level is the costliest sample's cost: that bound is always reachable and is the plan's peak).
 REFINE_TOLERANCE = 1e-4
 # Partner bins (lightest first) tried for each improvement of the worst bin.
 REFINE_PARTNERS = 32
@@ -57,7 +58,7 @@ def _solve(problem: Problem, order: np.ndarray, column_of_bin: np.ndarray, level
     refine(
         bins, problem.costs, problem.lengths, problem.microbatches, column_of_bin, levels,
         problem.token_cap(), quotas, lo, n_extra, REFINE_STEPS_PER_BIN * problem.n_bins,
-        REFINE_TOLERANCE, REFINE_PARTNERS,
+        REFINE_TOLERANCE, REFINE_PARTNERS, float(problem.costs.max()),
     )
     return bins
 

@@ -8,12 +8,13 @@ so the tie-breaking rules below are part of the contract:
 - ``lpt_assign``: items in the given order go to the *feasible* bin with the lowest
   ``(load + cost) / level`` (ties: lowest bin id, then column); feasible = the token cap holds and,
   with rank quotas, the bin's rank still has room.
-- ``refine``: local search on the most-loaded bin (first of equals): for partner bins in ascending
+- ``refine``: local search on the bin furthest over its threshold (first of equals): for partners in ascending
   load order (stable), find the move (x from b to t) or swap (x in b with y in t) that lowers the
   pair's maximum the most; first strictly-best wins, scanning x by (cost, index), a move before the
   swaps of the same x, swaps by ascending (cost, index) of y. The first of the ``max_partners``
-  lightest partners that admits an improvement is taken. Stops when the worst bin is within
-  ``tolerance`` of its level, admits no improvement, or after ``max_iters`` accepted steps.
+  lightest partners that admits an improvement is taken; a bin no partner can help is set aside
+  until the next accepted step. Stops when no bin over its threshold is left, or after
+  ``max_iters`` accepted steps.
 
 Bins are ``b = rank * microbatches + slot``; rank quotas (``equal_count``) allow ``lo`` samples per
 rank, ``hi = lo + 1`` for at most ``n_extra`` ranks.
@@ -281,22 +282,29 @@ def _link(head, nxt, prv, i, b):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _pair_score(lb, hb, lt, ht, d):
-    """How much moving cost ``d`` from bin b to bin t lowers the pair's max load/level."""
-    return lb / hb - max((lb - d) / hb, (lt + d) / ht)
+def _pair_score(eb, lb, hb, tb, lt, ht, tt, d):
+    """How much moving cost ``d`` from bin b (excess ``eb``) to bin t lowers the pair's max excess.
+
+    Excess of a bin = load / level - threshold; l, h, t are each bin's load, level and threshold.
+    """
+    return eb - max((lb - d) / hb - tb, (lt + d) / ht - tt)
 
 
 @njit(cache=True, nogil=True)
 def refine(bins, costs, lengths, microbatches, column_of_bin, levels, token_cap, quotas, lo, n_extra, max_iters,
-           tolerance, max_partners):
-    """Lowers the max of load/level over bins by moves and swaps; ``bins`` int64 (N,) in place.
+           tolerance, max_partners, exact_level):
+    """Lowers the max excess (load / level - threshold) over bins by moves and swaps; ``bins`` in place.
 
-    Returns the number of accepted steps. Stops when every bin is within ``1 + tolerance`` of its
-    level, or when none of the ``max_partners`` lightest bins admits an improvement.
+    Returns the number of accepted steps. Works on the bin furthest over its threshold: ``level`` for
+    bins whose level is ``exact_level`` (the costliest sample: reachable, and the plan's lower bound),
+    ``level * (1 + tolerance)`` for the rest. A bin that none of the ``max_partners`` lightest bins
+    can help is set aside until the next accepted step; stops when no bin over its threshold is left.
+    Every step lowers the pair's maximum excess, so the sorted excesses fall and the search ends.
     """
     n = costs.shape[0]
     n_bins = column_of_bin.shape[0]
     level = levels[column_of_bin]  # (n_bins,)
+    threshold = np.where(level == exact_level, 1.0, 1.0 + tolerance)  # (n_bins,) on load / level
     loads = np.zeros(n_bins, dtype=np.float64)
     tokens = np.zeros(n_bins, dtype=np.int64)
     rank_counts = np.zeros(max(n_bins // microbatches, 1), dtype=np.int64)
@@ -305,28 +313,29 @@ def refine(bins, costs, lengths, microbatches, column_of_bin, levels, token_cap,
         loads[b] += costs[i]
         tokens[b] += lengths[i]
         rank_counts[b // microbatches] += 1
-    if np.max(loads / level) <= 1.0 + tolerance:
+    if np.max(loads / level - threshold) <= 0.0:
         return 0  # already balanced: skip building the member lists
     head = np.full(n_bins, -1, dtype=np.int64)
     nxt = np.full(n, -1, dtype=np.int64)
     prv = np.full(n, -1, dtype=np.int64)
     for i in range(n - 1, -1, -1):
         _link(head, nxt, prv, i, bins[i])
+    stuck = np.zeros(n_bins, dtype=np.bool_)  # over threshold, but no move or swap helps it now
     steps = 0
     while steps < max_iters:
-        ratio = loads / level
-        b = np.argmax(ratio)
-        if ratio[b] <= 1.0 + tolerance:
+        excess = loads / level - threshold
+        b = np.argmax(np.where(stuck, -np.inf, excess))
+        if stuck[b] or excess[b] <= 0.0:
             break
-        lb, hb, rb = loads[b], level[b], b // microbatches
+        eb, lb, hb, tb, rb = excess[b], loads[b], level[b], threshold[b], b // microbatches
         xs = _members(head, nxt, b, costs)
         accepted = False
-        for t in np.argsort(ratio, kind="mergesort")[:max_partners]:
-            lt, ht, rt = loads[t], level[t], t // microbatches
-            limit = lb * ht / hb - lt  # moving d < limit keeps t under b's ratio
+        for t in np.argsort(excess, kind="mergesort")[:max_partners]:
+            lt, ht, tt, rt = loads[t], level[t], threshold[t], t // microbatches
+            limit = (eb - excess[t]) * ht  # moving d < limit keeps t's excess under b's
             if limit <= 0.0:
                 break
-            d_star = (lb * ht - lt * hb) / (hb + ht)  # equalises the two ratios
+            d_star = (eb - excess[t]) / (1.0 / hb + 1.0 / ht)  # equalises the two excesses
             cross_move_ok = not quotas or rb == rt or (rank_counts[rb] == lo + 1 and rank_counts[rt] == lo)
             ys = _members(head, nxt, t, costs)
             cy = costs[ys]
@@ -338,7 +347,7 @@ def refine(bins, costs, lengths, microbatches, column_of_bin, levels, token_cap,
                     continue  # equal cost means equal length: same candidates as the previous x
                 prev_cost = cx
                 if cx < limit and cross_move_ok and (token_cap <= 0 or tokens[t] + lengths[x] <= token_cap):
-                    score = _pair_score(lb, hb, lt, ht, cx)
+                    score = _pair_score(eb, lb, hb, tb, lt, ht, tt, cx)
                     if score > best_score:
                         best_score, best_x, best_y = score, x, -1
                 # swaps: valid y has cx - limit < cy < cx; the best one on each side of cx - d_star
@@ -361,7 +370,7 @@ def refine(bins, costs, lengths, microbatches, column_of_bin, levels, token_cap,
                     if 0 <= p < cy.shape[0]:
                         while side == 0 and p > 0 and cy[p - 1] == cy[p]:
                             p -= 1  # first of equal costs, as a forward scan would find
-                        score = _pair_score(lb, hb, lt, ht, cx - cy[p])
+                        score = _pair_score(eb, lb, hb, tb, lt, ht, tt, cx - cy[p])
                         if score > best_score:
                             best_score, best_x, best_y = score, x, ys[p]
             if best_x >= 0:
@@ -383,17 +392,20 @@ def refine(bins, costs, lengths, microbatches, column_of_bin, levels, token_cap,
                     rank_counts[rt] += 1
                 accepted = True
                 break
-        if not accepted:
-            break
-        steps += 1
+        if accepted:
+            stuck[:] = False
+            steps += 1
+        else:
+            stuck[b] = True
     return steps
 
 
 def refine_ref(bins, costs, lengths, microbatches, column_of_bin, levels, token_cap, quotas, lo, n_extra, max_iters,
-               tolerance, max_partners):
+               tolerance, max_partners, exact_level):
     """Brute-force twin of ``refine``: every (x, y) pair of the worst bin and each partner."""
     n_bins = len(column_of_bin)
     level = np.asarray(levels)[column_of_bin]
+    threshold = np.where(level == exact_level, 1.0, 1.0 + tolerance)
     loads = np.zeros(n_bins)
     tokens = np.zeros(n_bins, dtype=np.int64)
     rank_counts = np.zeros(max(n_bins // microbatches, 1), dtype=np.int64)
@@ -401,18 +413,19 @@ def refine_ref(bins, costs, lengths, microbatches, column_of_bin, levels, token_
         loads[bins[i]] += costs[i]
         tokens[bins[i]] += lengths[i]
         rank_counts[bins[i] // microbatches] += 1
+    stuck = np.zeros(n_bins, dtype=bool)
     steps = 0
     while steps < max_iters:
-        ratio = loads / level
-        b = int(np.argmax(ratio))
-        if ratio[b] <= 1.0 + tolerance:
+        excess = loads / level - threshold
+        b = int(np.argmax(np.where(stuck, -np.inf, excess)))
+        if stuck[b] or excess[b] <= 0.0:
             break
-        lb, hb, rb = loads[b], level[b], b // microbatches
+        eb, lb, hb, tb, rb = excess[b], loads[b], level[b], threshold[b], b // microbatches
         xs = sorted(np.flatnonzero(bins == b), key=lambda i: (costs[i], i))
         accepted = False
-        for t in np.argsort(ratio, kind="stable")[:max_partners]:
-            lt, ht, rt = loads[t], level[t], t // microbatches
-            limit = lb * ht / hb - lt
+        for t in np.argsort(excess, kind="stable")[:max_partners]:
+            lt, ht, tt, rt = loads[t], level[t], threshold[t], t // microbatches
+            limit = (eb - excess[t]) * ht
             if limit <= 0.0:
                 break
             cross_move_ok = not quotas or rb == rt or (rank_counts[rb] == lo + 1 and rank_counts[rt] == lo)
@@ -422,7 +435,7 @@ def refine_ref(bins, costs, lengths, microbatches, column_of_bin, levels, token_
                 cx = costs[x]
                 fits = token_cap <= 0 or tokens[t] + lengths[x] <= token_cap
                 if cx < limit and cross_move_ok and fits:
-                    score = _pair_score.py_func(lb, hb, lt, ht, cx)
+                    score = _pair_score.py_func(eb, lb, hb, tb, lt, ht, tt, cx)
                     if score > best_score:
                         best_score, best_x, best_y = score, x, -1
                 for y in ys:
@@ -433,7 +446,7 @@ def refine_ref(bins, costs, lengths, microbatches, column_of_bin, levels, token_
                         tokens[t] - lengths[y] + lengths[x] > token_cap or tokens[b] - lengths[x] + lengths[y] > token_cap
                     ):
                         continue
-                    score = _pair_score.py_func(lb, hb, lt, ht, d)
+                    score = _pair_score.py_func(eb, lb, hb, tb, lt, ht, tt, d)
                     if score > best_score:
                         best_score, best_x, best_y = score, x, y
             if best_x >= 0:
@@ -451,7 +464,9 @@ def refine_ref(bins, costs, lengths, microbatches, column_of_bin, levels, token_
                     rank_counts[rt] += 1
                 accepted = True
                 break
-        if not accepted:
-            break
-        steps += 1
+        if accepted:
+            stuck[:] = False
+            steps += 1
+        else:
+            stuck[b] = True
     return steps

@@ -108,11 +108,11 @@ def validate_lengths(lengths) -> np.ndarray:
     if np.issubdtype(arr.dtype, np.floating):
         bad = np.flatnonzero(~np.isfinite(arr) | (arr != np.floor(arr)))
         if bad.size:
-            raise ValueError(f"lengths must be integers: lengths[{bad[0]}] = {arr[bad[0]]!r}")
+            raise ValueError(f"lengths must be integers: lengths[{bad[0]}] = {arr[bad[0]].item()!r}")
     bad = np.flatnonzero(arr < 1)
     if bad.size:
         raise ValueError(
-            f"lengths must be >= 1: lengths[{bad[0]}] = {arr[bad[0]]!r} ({bad.size} such samples); "
+            f"lengths must be >= 1: lengths[{bad[0]}] = {arr[bad[0]].item()!r} ({bad.size} such samples); "
             "drop empty histories before planning"
         )
     return arr.astype(np.int64, copy=False)

@@ -1,0 +1,92 @@
+"""Every numba kernel against its plain-Python twin: identical output on random inputs."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from balancer import kernels as K
+from balancer.balanced import column_levels
+
+
+@given(st.lists(st.integers(1, 40), max_size=60), st.integers(0, 2**63 - 1))
+@settings(max_examples=60, deadline=None)
+def test_order_by_length_desc_matches_reference(lengths, seed):
+    lengths = np.asarray(lengths, dtype=np.int64)
+    got = K.order_by_length_desc(lengths, seed)
+    np.testing.assert_array_equal(got, K.order_by_length_desc_ref(lengths, seed))
+    assert sorted(got.tolist()) == list(range(len(lengths)))
+    assert np.all(np.diff(lengths[got]) <= 0)
+
+
+def test_order_tiebreak_depends_on_seed():
+    lengths = np.full(50, 7, dtype=np.int64)
+    assert not np.array_equal(K.order_by_length_desc(lengths, 1), K.order_by_length_desc(lengths, 2))
+
+
+def _problem(data, n_max=40):
+    ranks = data.draw(st.integers(1, 4))
+    microbatches = data.draw(st.integers(1, 3))
+    lengths = np.asarray(data.draw(st.lists(st.integers(1, 30), max_size=n_max)), dtype=np.int64)
+    costs = lengths.astype(np.float64) ** 2  # integer-valued: sums are exact in both twins
+    cap = 0
+    if lengths.size and data.draw(st.booleans()):
+        cap = int(max(lengths.max(), int(np.ceil(1.3 * lengths.sum() / (ranks * microbatches)))))
+    quotas = data.draw(st.booleans())
+    return ranks, microbatches, lengths, costs, cap, quotas
+
+
+def _columns(data, lengths, costs, ranks, microbatches):
+    n_bins = ranks * microbatches
+    if data.draw(st.booleans()) and lengths.size:
+        order = K.order_by_length_desc(lengths, 0)
+        return np.arange(n_bins, dtype=np.int64) % microbatches, column_levels(costs[order], ranks, microbatches)
+    return np.zeros(n_bins, dtype=np.int64), np.array([max(costs.sum() / n_bins, 1.0)])
+
+
+@given(st.data())
+@settings(max_examples=120, deadline=None)
+def test_lpt_assign_matches_reference(data):
+    ranks, microbatches, lengths, costs, cap, quotas = _problem(data)
+    column_of_bin, levels = _columns(data, lengths, costs, ranks, microbatches)
+    order = K.order_by_length_desc(lengths, data.draw(st.integers(0, 1000)))
+    lo, n_extra = len(lengths) // ranks, len(lengths) % ranks
+    args = (order, costs, lengths, microbatches, column_of_bin, levels, cap, quotas, lo, n_extra)
+    np.testing.assert_array_equal(K.lpt_assign(*args), K.lpt_assign_ref(*args))
+
+
+@given(st.data())
+@settings(max_examples=120, deadline=None)
+def test_refine_matches_reference_and_never_worsens(data):
+    ranks, microbatches, lengths, costs, cap, quotas = _problem(data)
+    if lengths.size == 0:
+        return
+    column_of_bin, levels = _columns(data, lengths, costs, ranks, microbatches)
+    order = K.order_by_length_desc(lengths, 0)
+    lo, n_extra = len(lengths) // ranks, len(lengths) % ranks
+    start = K.lpt_assign(order, costs, lengths, microbatches, column_of_bin, levels, cap, quotas, lo, n_extra)
+    if np.any(start < 0):
+        return  # infeasible under the cap: plan() reports it
+    fast, slow = start.copy(), start.copy()
+    tail = (cap, quotas, lo, n_extra, 10_000, data.draw(st.sampled_from([0.0, 1e-3])), 8, float(costs.max()))
+    steps = K.refine(fast, costs, lengths, microbatches, column_of_bin, levels, *tail)
+    assert steps == K.refine_ref(slow, costs, lengths, microbatches, column_of_bin, levels, *tail)
+    np.testing.assert_array_equal(fast, slow)
+    n_bins = ranks * microbatches
+    level = levels[column_of_bin]
+    before = np.bincount(start, weights=costs, minlength=n_bins) / level
+    after = np.bincount(fast, weights=costs, minlength=n_bins) / level
+    assert after.max() <= before.max()
+    if cap:
+        assert np.bincount(fast, weights=lengths, minlength=n_bins).max() <= cap
+    if quotas:
+        per_rank = np.bincount(fast // microbatches, minlength=ranks)
+        assert per_rank.max() - per_rank.min() <= 1
+
+
+def test_lpt_assign_reports_unplaceable_item():
+    lengths = np.array([5, 5, 5], dtype=np.int64)
+    costs = lengths.astype(np.float64)
+    order = np.arange(3, dtype=np.int64)
+    bins = K.lpt_assign(order, costs, lengths, 1, np.zeros(2, dtype=np.int64), np.ones(1), 6, False, 0, 0)
+    assert (bins >= 0).sum() == 2 and bins[2] == -1
