@@ -69,4 +69,5 @@ def get_planner(name: str) -> Planner:
 
 
 def available_methods() -> tuple[str, ...]:
-    return tuple(_PLANNERS)
+    """Registered planners, ours first, then the reference planners by name."""
+    return tuple(sorted(_PLANNERS, key=lambda name: (name != "balanced", name)))

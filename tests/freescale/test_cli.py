@@ -1,0 +1,54 @@
+"""The freescale console script end to end: synth -> plan, and the demo."""
+
+import json
+
+import numpy as np
+import pytest
+
+from freescale.cli import main
+from loader.lengths import read_lengths
+from loader.synth import write_synthetic
+
+
+def test_plan_prints_every_method(tmp_path, capsys):
+    write_synthetic(tmp_path / "data", users=300, lengths="lognormal", max_len=2000, seed=1, files=2)
+    out_json = tmp_path / "summary.json"
+    assert main(["plan", str(tmp_path / "data"), "--ranks", "4", "--microbatches", "2",
+                 "--samples-per-step", "100", "--json-out", str(out_json)]) == 0
+    text = capsys.readouterr().out
+    assert "300 histories" in text and "3 steps of 100" in text
+    for method in ("balanced", "naive", "zigzag", "kk", "lpt"):
+        assert method in text
+    summary = json.loads(out_json.read_text())
+    assert summary["balanced"]["max"]["max_over_lower_bound"] <= summary["lpt"]["max"]["max_over_lower_bound"]
+
+
+def test_plan_errors_name_file_and_column(tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"user_id": [1], "items": [[1, 2]]}), tmp_path / "x.parquet")
+    assert main(["plan", str(tmp_path / "x.parquet")]) == 2
+    err = capsys.readouterr().err
+    assert "x.parquet" in err and "'item_ids'" in err
+    assert main(["plan", str(tmp_path / "missing")]) == 2
+    assert "no such file or directory" in capsys.readouterr().err
+
+
+def test_read_lengths_counts_empty_and_null_histories(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table({"user_id": pa.array([1, 2, 3, 4], pa.int64()),
+                      "item_ids": pa.array([[1, 2], [], None, [5]], pa.list_(pa.int64()))})
+    pq.write_table(table, tmp_path / "h.parquet")
+    lengths, skipped = read_lengths(tmp_path / "h.parquet")
+    np.testing.assert_array_equal(lengths, [2, 1])
+    assert skipped == {"null history": 1, "empty history": 1}
+
+
+def test_demo_runs_on_bundled_movielens(capsys):
+    assert main(["demo"]) == 0
+    text = capsys.readouterr().out
+    assert "100836 MovieLens ratings into 610 histories" in text
+    assert "balanced" in text and "naive" in text
