@@ -1,0 +1,366 @@
+"""Every planner on the same inputs, side by side: balance quality and planner speed.
+
+Run (from the repository root; several minutes, most of it the pure-Python ``kk`` anchor at 1M):
+
+    NUMBA_CACHE_DIR=/tmp/numba-cache .venv/bin/python bench/balance.py | tee /tmp/bench_balance.txt
+
+``--quick`` drops the 1,048,576-sample scale (and with it ``kk`` above 100k samples) for a smoke run;
+``--json-out FILE`` also writes the result object to FILE; ``--cost-model transformer`` plans with
+``CostModel.for_transformer(4, 256)`` instead of the default ``cost = L**2``.
+
+Scenarios: lognormal lengths (median 300, sigma 1.2, capped at 21,000), bimodal 2K/21K mixes and the
+bundled MovieLens per-user history lengths; scales from 8 ranks x 4 microbatches to 1,048,576 samples
+onto 256 x 8; ``equal_count`` off and on; without and with a token cap
+``max(max(lengths), ceil(1.25 * total_tokens / (R * M)))`` (feasible, and binding for the baselines).
+
+``naive``, ``zigzag`` and ``kk`` ignore ``equal_count`` and ``max_tokens`` (they are equal-count by
+construction and cap-blind), so each is planned once per scenario and its plan re-scored against every
+cap setting (rows marked ``*``, same plan and time). ``balanced`` and ``lpt`` are planned for every row.
+
+Prints a human table as it goes, then the issue's targets with PASS/FAIL, and last one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import hashlib
+import math
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+import balancer
+from balancer.metrics import balance_metrics
+from balancer.workloads import sample_lengths
+
+REPO = Path(__file__).resolve().parents[1]
+RATINGS = REPO / "loader" / "sample_data" / "ml-latest-small" / "ratings.csv"
+MAX_LEN = 21_000
+PREFERRED_ORDER = ("balanced", "naive", "zigzag", "kk", "lpt")
+CAP_BLIND = ("naive", "zigzag", "kk")  # plans do not depend on equal_count / max_tokens
+# (ranks, microbatches, samples): ~4 samples per bin (hard), 30 per bin, and large batches
+SCALES = [(8, 4, 128), (8, 4, 960), (8, 4, 4096), (64, 8, 2048), (64, 8, 65536), (256, 8, 8192), (256, 8, 1_048_576)]
+MOVIELENS_SHAPES = [(8, 4), (4, 2), (16, 2)]
+QUICK_MAX_N = 100_000
+SPEED_SHAPE = (256, 8, 1_048_576)
+TARGET_MLB, TARGET_PER_BIN, TARGET_BUBBLE_CUT, FLOOR_LIMIT = 1.001, 30, 0.95, 0.01
+TARGET_KK_RATIO, TARGET_SORT_RATIO = 30.0, 10.0
+
+
+@dataclass
+class Scenario:
+    name: str
+    ranks: int
+    microbatches: int
+    lengths: np.ndarray  # int64 (N,)
+
+    @property
+    def per_bin(self) -> float:
+        return self.lengths.size / (self.ranks * self.microbatches)
+
+    def token_cap(self) -> int:
+        return max(int(self.lengths.max()), math.ceil(1.25 * int(self.lengths.sum()) / (self.ranks * self.microbatches)))
+
+
+def movielens_lengths() -> np.ndarray:
+    """Ratings per user in the bundled MovieLens sample: int64 (610,)."""
+    import pyarrow.csv as pacsv
+
+    users = pacsv.read_csv(RATINGS).column("userId").to_numpy()
+    _, counts = np.unique(users, return_counts=True)
+    return counts.astype(np.int64)
+
+
+def scenarios(quick: bool, seed: int) -> list[Scenario]:
+    out = []
+    for dist in ("lognormal", "bimodal"):
+        for R, M, N in SCALES:
+            if quick and N > QUICK_MAX_N:
+                continue
+            out.append(Scenario(f"{dist} N={N} {R}x{M}", R, M, sample_lengths(dist, N, max_len=MAX_LEN, seed=seed)))
+    ml = movielens_lengths()
+    out += [Scenario(f"movielens N={ml.size} {R}x{M}", R, M, ml) for R, M in MOVIELENS_SHAPES]
+    return out
+
+
+def bubble_floor(costs: np.ndarray, ranks: int) -> float:
+    """Lockstep bubble no planner can beat: lockstep time >= max(total / R, costliest sample)."""
+    fair = float(costs.sum()) / ranks
+    return 1.0 - fair / max(fair, float(costs.max()))
+
+
+def make_row(sc: Scenario, method: str, eq: bool, cap, p, floor: float, reused: bool, costs: np.ndarray) -> dict:
+    m = p.metrics
+    if reused:  # same plan, scored against this row's cap
+        m = balance_metrics(p.loads, p.tokens, p.counts, max_single_cost=float(costs.max()), max_tokens=cap)
+    return {
+        "scenario": sc.name, "ranks": sc.ranks, "microbatches": sc.microbatches, "n": int(sc.lengths.size),
+        "per_bin": sc.per_bin, "equal_count": eq, "max_tokens": cap, "method": method,
+        "max_over_lower_bound": m["max_over_lower_bound"], "max_over_mean": m["max_over_mean"],
+        "bubble_fraction": m["bubble_fraction"], "step_bubble_fraction": m["step_bubble_fraction"],
+        "token_cap_violations": m["token_cap_violations"],
+        "samples_per_rank_min": m["samples_per_rank_min"], "samples_per_rank_max": m["samples_per_rank_max"],
+        "ms": p.seconds * 1e3, "bubble_floor": floor, "reused_plan": reused, "error": None,
+    }
+
+
+HEADER = (f"{'eq':>5} {'cap':>9} {'method':>9} {'max/LB':>9} {'max/mean':>9} {'bubble':>8} "
+          f"{'stepbub':>8} {'viol':>5} {'per-rank':>11} {'ms':>10}")
+
+
+def print_row(row: dict) -> None:
+    cap = "-" if row["max_tokens"] is None else str(row["max_tokens"])
+    if row["error"]:
+        print(f"{row['equal_count']!s:>5} {cap:>9} {row['method']:>9}  ERROR: {row['error']}", flush=True)
+        return
+    spr = f"{row['samples_per_rank_min']}..{row['samples_per_rank_max']}"
+    mark = "*" if row["reused_plan"] else " "
+    print(f"{row['equal_count']!s:>5} {cap:>9} {row['method']:>9} {row['max_over_lower_bound']:9.5f} "
+          f"{row['max_over_mean']:9.5f} {row['bubble_fraction']:8.5f} {row['step_bubble_fraction']:8.5f} "
+          f"{row['token_cap_violations']:5d} {spr:>11} {row['ms']:9.2f}{mark}", flush=True)
+
+
+def run_scenario(sc: Scenario, methods: list[str], cost_model, seed: int) -> list[dict]:
+    costs = cost_model.cost(sc.lengths)
+    floor = bubble_floor(costs, sc.ranks)
+    cap_value = sc.token_cap()
+    print(f"\n== {sc.name}: {sc.per_bin:.1f} samples/bin, cap={cap_value}, unavoidable bubble floor={floor:.4f}",
+          flush=True)
+    print(HEADER, flush=True)
+    rows, cached = [], {}
+    for eq in (False, True):
+        for cap in (None, cap_value):
+            for method in methods:
+                reused = method in CAP_BLIND and method in cached
+                if method == "kk" and not reused and sc.lengths.size > QUICK_MAX_N:
+                    print(f"   (kk, pure Python, on {sc.lengths.size} samples: about a minute)", flush=True)
+                try:
+                    p = cached[method] if reused else balancer.plan(
+                        sc.lengths, ranks=sc.ranks, microbatches=sc.microbatches, cost_model=cost_model,
+                        max_tokens=cap, equal_count=eq, method=method, seed=seed)
+                    if method in CAP_BLIND:
+                        cached[method] = p
+                    row = make_row(sc, method, eq, cap, p, floor, reused, costs)
+                except ValueError as exc:  # e.g. greedy packing found no room under the cap
+                    row = {"scenario": sc.name, "ranks": sc.ranks, "microbatches": sc.microbatches,
+                           "n": int(sc.lengths.size), "per_bin": sc.per_bin, "equal_count": eq, "max_tokens": cap,
+                           "method": method, "bubble_floor": floor, "error": str(exc)}
+                rows.append(row)
+                print_row(row)
+    return rows
+
+
+def best_of(fn, repeats: int) -> float:
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def speed(rows: list[dict], methods: list[str], cost_model, seed: int, shape) -> dict:
+    """Planner wall time on lognormal lengths (equal_count off, no cap), all in this process."""
+    R, M, N = shape
+    lengths = sample_lengths("lognormal", N, max_len=MAX_LEN, seed=seed)
+    name = f"lognormal N={N} {R}x{M}"
+    print(f"\n== speed: {name} (equal_count=False, no cap)", flush=True)
+    result = {"scenario": name}
+    sort_s = best_of(lambda: np.sort(lengths), 5)
+    result["np.sort"] = {"wall_s": sort_s, "runs": "best of 5"}
+    print(f"{'np.sort':>9}: {sort_s * 1e3:10.2f} ms (best of 5)", flush=True)
+    for method in methods:
+        call = lambda: balancer.plan(lengths, ranks=R, microbatches=M, cost_model=cost_model, method=method, seed=seed)  # noqa: E731
+        if method == "kk":
+            prior = [r for r in rows if r["scenario"] == name and r["method"] == "kk" and not r.get("error")
+                     and not r["reused_plan"]]
+            if prior:  # the table already ran kk once on exactly these lengths, in this process
+                result["kk"] = {"plan_s": prior[0]["ms"] / 1e3, "wall_s": None, "runs": "1 (table run)"}
+            else:
+                start = time.perf_counter()
+                p = call()
+                result["kk"] = {"plan_s": p.seconds, "wall_s": time.perf_counter() - start, "runs": "1"}
+        else:
+            call()  # warm-up (numba compile / caches)
+            plan_times, walls = [], []
+            for _ in range(3):
+                start = time.perf_counter()
+                p = call()
+                walls.append(time.perf_counter() - start)
+                plan_times.append(p.seconds)
+            result[method] = {"plan_s": min(plan_times), "wall_s": min(walls), "runs": "best of 3 after warm-up"}
+        r = result[method]
+        wall = "" if r["wall_s"] is None else f", plan() call {r['wall_s'] * 1e3:10.2f} ms"
+        print(f"{method:>9}: planner {r['plan_s'] * 1e3:10.2f} ms{wall} ({r['runs']})", flush=True)
+    return result
+
+
+def check_targets(rows: list[dict], spd: dict | None, speed_is_target_scale: bool) -> dict:
+    ok_rows = [r for r in rows if not r.get("error")]
+    errors = [r for r in rows if r.get("error") and r["method"] in ("balanced", "lpt")]
+    by_key: dict = {}
+    for r in ok_rows:
+        by_key.setdefault((r["scenario"], r["equal_count"], r["max_tokens"]), {})[r["method"]] = r
+    targets = {}
+    print("\n== targets", flush=True)
+    targets["0_errors"] = {"rows": [{"row": _key(r), "method": r["method"], "error": r["error"]} for r in errors]}
+    print(f"0. balanced/lpt rows that raised (no plan): {len(errors)}", flush=True)
+    for r in errors:
+        print(f"   {_key(r)} {r['method']}: {r['error'][:90]}...", flush=True)
+
+    # 1. balanced within 0.1% of the lower bound wherever bins hold >= 30 samples on average
+    dense = [r for r in ok_rows if r["method"] == "balanced" and r["per_bin"] >= TARGET_PER_BIN]
+    dense_err = [r for r in errors if r["method"] == "balanced" and r["per_bin"] >= TARGET_PER_BIN]
+    worst = max(dense, key=lambda r: r["max_over_lower_bound"], default=None)
+    ok = bool(dense) and not dense_err and worst["max_over_lower_bound"] <= TARGET_MLB
+    targets["1_mlb_dense"] = {"pass": ok, "rows": len(dense), "worst": worst and worst["max_over_lower_bound"],
+                              "worst_row": worst and _key(worst)}
+    print(f"1. balanced max/LB <= {TARGET_MLB} where N/(R*M) >= {TARGET_PER_BIN}: {'PASS' if ok else 'FAIL'} "
+          f"({len(dense)} rows, {len(dense_err)} raised; worst {worst and worst['max_over_lower_bound']:.6f} "
+          f"at {_key(worst)})", flush=True)
+    for r in dense:
+        if r["max_over_lower_bound"] > TARGET_MLB:
+            print(f"   over target: {_key(r)}: {r['max_over_lower_bound']:.6f}", flush=True)
+
+    # 2. balanced never worse than lpt or kk (exact comparison)
+    losses, margins = [], []
+    for key, group in by_key.items():
+        bal = group.get("balanced")
+        for rival in ("lpt", "kk"):
+            if bal and rival in group:
+                margin = bal["max_over_lower_bound"] - group[rival]["max_over_lower_bound"]
+                margins.append((margin, key, rival))
+                if margin > 0:
+                    losses.append({"row": key, "rival": rival, "balanced": bal["max_over_lower_bound"],
+                                   "rival_value": group[rival]["max_over_lower_bound"],
+                                   "rival_cap_violations": group[rival]["token_cap_violations"]})
+    worst_margin = max(margins, key=lambda t: t[0])
+    ok = not losses
+    targets["2_not_worse_than_lpt_kk"] = {"pass": ok, "comparisons": len(margins), "losses": losses,
+                                          "worst_margin": worst_margin[0],
+                                          "worst_margin_row": _fmt_key(worst_margin[1]), "worst_margin_vs": worst_margin[2]}
+    print(f"2. balanced max/LB <= lpt and kk in every row: {'PASS' if ok else 'FAIL'} ({len(margins)} comparisons; "
+          f"worst margin balanced - rival = {worst_margin[0]:+.3e} vs {worst_margin[2]} at "
+          f"{_fmt_key(worst_margin[1])})", flush=True)
+    feasible = [x for x in losses if x["rival_cap_violations"] == 0]
+    targets["2_not_worse_than_lpt_kk"]["losses_to_cap_feasible_rival"] = len(feasible)
+    material = [x for x in losses if x["balanced"] - x["rival_value"] > 1e-6]
+    targets["2_not_worse_than_lpt_kk"]["losses_over_1e-6"] = len(material)
+    print(f"   {len(losses)} losses (exact), {len(material)} of them by more than 1e-6; {len(feasible)} to a rival "
+          f"plan that keeps the cap", flush=True)
+    for loss in losses:
+        print(f"   LOSS {_fmt_key(loss['row'])}: balanced {loss['balanced']:.6f}, "
+              f"{loss['rival']} {loss['rival_value']:.6f} (margin {loss['balanced'] - loss['rival_value']:+.2e}; "
+              f"{loss['rival']} cap violations: {loss['rival_cap_violations']})", flush=True)
+
+    # 3. lockstep bubble cut by >= 95% vs naive, over rows where the unavoidable floor is < 1%
+    print(f"3. balanced lockstep bubble >= {TARGET_BUBBLE_CUT:.0%} lower than naive (1 - bal/naive), judged over rows "
+          f"whose unavoidable floor is < {FLOOR_LIMIT}; rows at or above the floor are shown but not judged:", flush=True)
+    print(f"   {'scenario':<26} {'/bin':>5} {'eq':>5} {'cap':>9} {'naive':>8} {'balanced':>9} {'cut':>7} "
+          f"{'floor':>7} {'best-other':>16}  verdict")
+    judged, fails, table = 0, [], []
+    for key, group in by_key.items():
+        bal, nai = group.get("balanced"), group.get("naive")
+        if not (bal and nai):
+            continue
+        cut = 1.0 - bal["bubble_fraction"] / nai["bubble_fraction"] if nai["bubble_fraction"] > 0 else None
+        counted = bal["bubble_floor"] < FLOOR_LIMIT
+        passed = cut is not None and cut >= TARGET_BUBBLE_CUT
+        judged += counted
+        if counted and not passed:
+            fails.append(_fmt_key(key))
+        verdict = ("pass" if passed else "FAIL") if counted else f"not judged (would {'pass' if passed else 'fail'})"
+        other = min((g for m, g in group.items() if m != "balanced"), key=lambda g: g["bubble_fraction"])
+        table.append({"row": _fmt_key(key), "per_bin": bal["per_bin"], "naive": nai["bubble_fraction"],
+                      "balanced": bal["bubble_fraction"], "cut": cut, "floor": bal["bubble_floor"],
+                      "best_other": [other["method"], other["bubble_fraction"]], "judged": counted, "pass": passed})
+        cut_s = "n/a" if cut is None else f"{cut:7.4f}"
+        other_s = f"{other['method']} {other['bubble_fraction']:.5f}"
+        print(f"   {key[0]:<26} {bal['per_bin']:5.0f} {key[1]!s:>5} {str(key[2] or '-'):>9} {nai['bubble_fraction']:8.5f} "
+              f"{bal['bubble_fraction']:9.5f} {cut_s:>7} {bal['bubble_floor']:7.4f} {other_s:>16}  {verdict}", flush=True)
+    ok = judged > 0 and not fails
+    dense3 = [t for t in table if t["judged"] and t["per_bin"] >= TARGET_PER_BIN]
+    targets["3_bubble_cut"] = {"pass": ok, "judged_rows": judged, "failed_rows": fails, "rows": table,
+                               "judged_dense_rows": len(dense3), "judged_dense_pass": sum(t["pass"] for t in dense3)}
+    print(f"   => {'PASS' if ok else 'FAIL'}: {judged - len(fails)}/{judged} judged rows reach a {TARGET_BUBBLE_CUT:.0%} cut"
+          f"; {len(table) - judged} rows not judged (floor >= {FLOOR_LIMIT}); among judged rows with "
+          f">= {TARGET_PER_BIN} samples/bin: {sum(t['pass'] for t in dense3)}/{len(dense3)}", flush=True)
+
+    # 4. speed at 1M onto 256x8
+    if spd:
+        kk_s, bal_s, sort_s = spd["kk"]["plan_s"], spd["balanced"]["wall_s"], spd["np.sort"]["wall_s"]
+        kk_ratio = kk_s / spd["balanced"]["plan_s"]
+        sort_ratio = bal_s / sort_s
+        label = "" if speed_is_target_scale else " (not the 1M target scale: not judged)"
+        v1 = ("PASS" if kk_ratio >= TARGET_KK_RATIO else "FAIL") if speed_is_target_scale else "SKIP"
+        v2 = ("PASS" if sort_ratio <= TARGET_SORT_RATIO else "FAIL") if speed_is_target_scale else "SKIP"
+        targets["4a_kk_over_balanced"] = {"verdict": v1, "ratio": kk_ratio, "target": TARGET_KK_RATIO}
+        targets["4b_balanced_over_sort"] = {"verdict": v2, "ratio": sort_ratio, "target": TARGET_SORT_RATIO}
+        print(f"4a. kk / balanced planner time = {kk_ratio:.1f}x (target >= {TARGET_KK_RATIO:.0f}x): {v1}{label}")
+        print(f"4b. balanced plan() call / np.sort = {sort_ratio:.1f}x (target <= {TARGET_SORT_RATIO:.0f}x): {v2}{label}"
+              f"  [planner only: {spd['balanced']['plan_s'] / sort_s:.1f}x]", flush=True)
+    return targets
+
+
+def _fmt_key(key) -> str:
+    return f"{key[0]} equal_count={key[1]} max_tokens={key[2]}"
+
+
+def _key(row) -> str:
+    return _fmt_key((row["scenario"], row["equal_count"], row["max_tokens"])) if row else "-"
+
+
+def provenance() -> dict:
+    """Commit and whether balancer/ differs from it (other work may be in flight): the code that ran."""
+    def git(*args) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout
+        except (OSError, subprocess.CalledProcessError):
+            return ""
+    diff = git("diff", "HEAD", "--", "balancer")
+    return {"commit": git("rev-parse", "--short", "HEAD").strip() or None,
+            "balancer_dirty": bool(diff), "balancer_diff_sha1": hashlib.sha1(diff.encode()).hexdigest()[:12] if diff else None}
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="drop the 1M scale (and kk above 100k samples)")
+    ap.add_argument("--json-out", type=Path, help="also write the result object to this file")
+    ap.add_argument("--cost-model", choices=("quadratic", "transformer"), default="quadratic")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    cost_model = (balancer.CostModel.for_transformer(4, 256) if args.cost_model == "transformer"
+                  else balancer.DEFAULT_COST_MODEL)
+    available = balancer.available_methods()
+    methods = [m for m in PREFERRED_ORDER if m in available] + [m for m in available if m not in PREFERRED_ORDER]
+    prov = provenance()
+    print(f"bench/balance.py: methods {', '.join(methods)}; cost model {cost_model}; seed {args.seed}"
+          f"{'; QUICK' if args.quick else ''}; commit {prov['commit']}"
+          f"{' + uncommitted balancer/ changes (diff sha1 ' + str(prov['balancer_diff_sha1']) + ')' if prov['balancer_dirty'] else ''}",
+          flush=True)
+    print("columns: max/LB = max bin cost / lower bound; bubble = lockstep bubble; stepbub = one-collective bubble; "
+          "viol = microbatches over the cap; ms = planner wall time (* = cap-blind plan reused, same time)", flush=True)
+    balancer.plan(np.arange(1, 257), ranks=4, microbatches=2)  # warm-up: numba compile / cache load
+    started = time.perf_counter()
+    rows = []
+    for sc in scenarios(args.quick, args.seed):
+        rows += run_scenario(sc, methods, cost_model, args.seed)
+    shape = SPEED_SHAPE if not args.quick else max((s for s in SCALES if s[2] <= QUICK_MAX_N), key=lambda s: s[2])
+    spd = speed(rows, methods, cost_model, args.seed, shape)
+    targets = check_targets(rows, spd, shape == SPEED_SHAPE)
+    elapsed = time.perf_counter() - started
+    print(f"\nbench wall time: {elapsed:.1f} s", flush=True)
+    result = {"bench": "balance", "quick": args.quick, "cost_model": str(cost_model), "seed": args.seed,
+              "provenance": prov, "seconds": elapsed, "targets": targets, "speed": spd, "rows": rows}
+    if args.json_out:
+        args.json_out.write_text(json.dumps(result, indent=1))
+    print(json.dumps(result), flush=True)
+    return result
+
+
+if __name__ == "__main__":
+    main()
