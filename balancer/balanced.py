@@ -52,13 +52,14 @@ def column_levels(desc_costs: np.ndarray, ranks: int, microbatches: int) -> np.n
     return np.maximum(levels, floor)
 
 
-def _solve(problem: Problem, order: np.ndarray, column_of_bin: np.ndarray, levels: np.ndarray) -> np.ndarray:
+def _solve(problem: Problem, order: np.ndarray, column_of_bin: np.ndarray, levels: np.ndarray,
+           costliest: float) -> np.ndarray:
     bins = lpt_bins(problem, order, column_of_bin, levels)
     quotas, lo, n_extra = problem.quotas()
     refine(
         bins, problem.costs, problem.lengths, problem.microbatches, column_of_bin, levels,
         problem.token_cap(), quotas, lo, n_extra, REFINE_STEPS_PER_BIN * problem.n_bins,
-        REFINE_TOLERANCE, REFINE_PARTNERS, float(problem.costs.max()),
+        REFINE_TOLERANCE, REFINE_PARTNERS, costliest,
     )
     return bins
 
@@ -68,21 +69,20 @@ def balanced(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
     R, M, n_bins = problem.ranks, problem.microbatches, problem.n_bins
     order = problem.longest_first()
     rank_of_bin = np.arange(n_bins) // M
-    if problem.n == 0:
-        bins = np.zeros(0, dtype=np.int64)
-    else:
+    bins, flat = np.zeros(0, dtype=np.int64), True
+    if problem.n:
+        costliest = float(problem.costs[order[0]])
         levels = column_levels(problem.costs[order], R, M)
-        lower_bound = max(float(problem.costs.sum()) / n_bins, float(problem.costs[order[0]]))
-        flat = _solve(problem, order, np.zeros(n_bins, dtype=np.int64), np.array([lower_bound]))
-        bins = flat
+        lower_bound = max(float(problem.costs.sum()) / n_bins, costliest)
+        bins = _solve(problem, order, np.zeros(n_bins, dtype=np.int64), np.array([lower_bound]), costliest)
         if levels[0] != levels[-1]:
-            by_column = _solve(problem, order, np.arange(n_bins, dtype=np.int64) % M, levels)
-            if _peak(problem, by_column) <= _peak(problem, flat):
-                bins = by_column
-        if bins is flat and not problem.equal_count:
-            # flat bins carry no rank structure: regroup them so rank totals balance too
-            rank_of_bin = _group_bins_into_ranks(np.bincount(bins, weights=problem.costs, minlength=n_bins), R, M)
+            by_column = _solve(problem, order, np.arange(n_bins, dtype=np.int64) % M, levels, costliest)
+            if _peak(problem, by_column) <= _peak(problem, bins):
+                bins, flat = by_column, False
     loads = np.bincount(bins, weights=problem.costs, minlength=n_bins)  # (R*M,)
+    if flat and not problem.equal_count:
+        # flat bins carry no rank structure: regroup them so rank totals balance too
+        rank_of_bin = _group_bins_into_ranks(loads, R, M)
     # slot of each bin inside its rank: heaviest first (stable by bin id)
     by_rank_then_load = np.lexsort((np.arange(n_bins), -loads, rank_of_bin))
     slot_of_bin = np.empty(n_bins, dtype=np.int64)
