@@ -68,15 +68,19 @@ def test_refine_matches_reference_and_never_worsens(data):
     if np.any(start < 0):
         return  # infeasible under the cap: plan() reports it
     fast, slow = start.copy(), start.copy()
-    tail = (cap, quotas, lo, n_extra, 10_000, data.draw(st.sampled_from([0.0, 1e-3])), 8, float(costs.max()))
+    tolerance = data.draw(st.sampled_from([0.0, 1e-3]))
+    tail = (cap, quotas, lo, n_extra, 10_000, tolerance, 8, float(costs.max()))
     steps = K.refine(fast, costs, lengths, microbatches, column_of_bin, levels, *tail)
     assert steps == K.refine_ref(slow, costs, lengths, microbatches, column_of_bin, levels, *tail)
     np.testing.assert_array_equal(fast, slow)
     n_bins = ranks * microbatches
     level = levels[column_of_bin]
+    threshold = np.where(level == costs.max(), 1.0, 1.0 + tolerance)
     before = np.bincount(start, weights=costs, minlength=n_bins) / level
     after = np.bincount(fast, weights=costs, minlength=n_bins) / level
-    assert after.max() <= before.max()
+    # refine minimises the excess over each bin's threshold; the ratio may rise within the tolerance
+    assert (after - threshold).max() <= (before - threshold).max() + 1e-12
+    assert after.max() <= before.max() + tolerance + 1e-12
     if cap:
         assert np.bincount(fast, weights=lengths, minlength=n_bins).max() <= cap
     if quotas:
