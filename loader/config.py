@@ -1,0 +1,107 @@
+"""The loader's configuration: keyword-only, validated once, shared by every stage and backend."""
+
+from __future__ import annotations
+
+import json
+import zlib
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+from balancer import CostModel
+from loader.schema import Columns
+from loader.sources import SourceIndex
+
+BACKENDS = ("ray", "inline")
+# Rows per shuffle block (see loader.order): two blocks of the bench's 300-event histories are ~0.4 GB.
+DEFAULT_SHUFFLE_WINDOW = 16_384
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoaderConfig:
+    """Everything that decides what the loader yields, plus how it runs (backend, readers, queues)."""
+
+    ranks: int
+    microbatches: int
+    samples_per_step: int
+    cost_model: CostModel | None = None
+    max_seq_len: int | None = None
+    max_tokens: int | None = None
+    equal_count: bool = False
+    seed: int = 0
+    shuffle: bool = True
+    drop_last: bool = False
+    backend: Literal["ray", "inline"] = "ray"
+    num_readers: int | None = None
+    columns: Columns | None = None
+    name: str | None = None
+    ray_address: str | None = None
+    prefetch_steps: int = 2
+    skip_corrupt: bool = False
+    shuffle_window: int | None = None
+    pin_memory: bool = False
+
+    def __post_init__(self) -> None:
+        for key in ("ranks", "microbatches", "samples_per_step", "prefetch_steps"):
+            _positive(key, getattr(self, key))
+        for key in ("max_seq_len", "max_tokens", "num_readers", "shuffle_window"):
+            if getattr(self, key) is not None:
+                _positive(key, getattr(self, key), "or None")
+        for key in ("equal_count", "shuffle", "drop_last", "skip_corrupt", "pin_memory"):
+            if not isinstance(getattr(self, key), bool):
+                raise ValueError(f"{key} must be True or False, got {getattr(self, key)!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed must be an integer in [0, 2**63), got {self.seed!r}")
+        if self.cost_model is not None and not isinstance(self.cost_model, CostModel):
+            raise ValueError(
+                f"cost_model must be a balancer.CostModel or None, got {type(self.cost_model).__name__}"
+            )
+        if self.columns is not None and not isinstance(self.columns, Columns):
+            raise ValueError(
+                f"columns must be a loader.schema.Columns or None, got {type(self.columns).__name__}"
+            )
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {self.backend!r}")
+        for key in ("name", "ray_address"):
+            value = getattr(self, key)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"{key} must be a non-empty string or None, got {value!r}")
+        if self.max_tokens is not None and self.max_seq_len is not None and self.max_seq_len > self.max_tokens:
+            raise ValueError(
+                f"max_seq_len={self.max_seq_len} exceeds max_tokens={self.max_tokens}: a full-length "
+                "history would not fit any microbatch; raise max_tokens or lower max_seq_len"
+            )
+
+    @property
+    def window(self) -> int:
+        """Rows per shuffle block: at least one global batch."""
+        return max(self.shuffle_window or DEFAULT_SHUFFLE_WINDOW, self.samples_per_step)
+
+    @property
+    def contract(self) -> Columns:
+        return self.columns or Columns()
+
+
+def fingerprint(index: SourceIndex, config: LoaderConfig) -> int:
+    """A 32-bit digest of everything that decides the epoch order and the batches, except the seed.
+
+    Saved states and attaching trainer processes compare it, so a state is never replayed against
+    other data or arguments.
+    """
+    decisive = {
+        key: value
+        for key, value in asdict(config).items()
+        if key not in ("seed", "backend", "num_readers", "name", "ray_address", "prefetch_steps", "pin_memory")
+    }
+    decisive["cost_model"] = repr(config.cost_model)
+    decisive["columns"] = repr(config.contract)
+    decisive["window"] = config.window
+    decisive["files"] = [f.path for f in index.files]
+    decisive["units"] = [(u.file, u.row_group, u.rows) for u in index.units]
+    decisive["lists"] = [(column, str(t)) for column, t in index.lists]
+    return zlib.crc32(json.dumps(decisive, sort_keys=True, default=str).encode())
+
+
+def _positive(key: str, value, alternative: str = "") -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        suffix = f" ({alternative})" if alternative else ""
+        raise ValueError(f"{key} must be a positive integer{suffix}, got {value!r}")

@@ -1,0 +1,232 @@
+"""``backend="ray"``: reader actors and a named coordinator actor, thin shells over the pure stages.
+
+- :class:`Reader` actors (default one per available CPU, ``SPREAD`` over the nodes, restartable)
+  each own the units ``u % num_readers == i`` and return cleaned chunks through the object store.
+- :class:`Coordinator` wraps :class:`loader.service.Service`: it reads units through the readers
+  (re-issuing a read whose reader died: reads are pure, so nothing is lost or repeated), plans
+  each step and ``ray.put``\\ s every rank's share. It is named after the loader's ``name`` in the
+  ``freescale`` namespace, so trainer processes constructing the loader with the same arguments
+  and ``name`` attach to the same one; the last to ``close()`` kills it (and so its readers).
+- :class:`RayClient` is what a :class:`loader.SequenceLoader` holds in each trainer process.
+
+The coordinator is owned by the process that created it: that process must outlive the others'
+use of it (Ray kills a non-detached actor with its owner's job).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import warnings
+
+import ray
+from ray.exceptions import ObjectLostError, RayActorError, RayTaskError, WorkerCrashedError
+
+from loader.assemble import RankStep, warm_up
+from loader.clean import Chunk
+from loader.config import LoaderConfig
+from loader.pipeline import Resume
+from loader.read import read_unit
+from loader.service import RunKey, Service
+from loader.sources import SourceIndex
+
+NAMESPACE = "freescale"
+READER_RESTARTS = 8  # per reader actor; a reader that keeps dying points at a real problem
+READ_ATTEMPTS = 10  # per unit, over restarts and other readers
+_POLL_S = 5.0  # a blocking call returns "wait" after this long, so the caller can warn
+_WARN_AFTER_S = 30.0
+_LOST = (RayActorError, ObjectLostError, WorkerCrashedError)
+
+
+def coordinator_name(name: str) -> str:
+    return f"freescale-loader:{name}"
+
+
+@ray.remote(num_cpus=0)
+class Reader:
+    """Reads units of one source on request; holds nothing between calls."""
+
+    def __init__(self, index: SourceIndex, max_seq_len: int | None, skip_corrupt: bool) -> None:
+        self.index = index
+        self.max_seq_len = max_seq_len
+        self.skip_corrupt = skip_corrupt
+
+    def read(self, unit: int) -> Chunk:
+        return read_unit(self.index, unit, max_seq_len=self.max_seq_len, skip_corrupt=self.skip_corrupt)
+
+    def node_id(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class Coordinator:
+    """One loader's pipeline: readers in, per-rank queues of published steps out."""
+
+    def __init__(self, index: SourceIndex, config: LoaderConfig, fingerprint: int, num_readers: int) -> None:
+        self.index = index
+        self.fingerprint = fingerprint
+        self.attached = 0
+        self.readers = [
+            Reader.options(scheduling_strategy="SPREAD", max_restarts=READER_RESTARTS).remote(
+                index, config.max_seq_len, config.skip_corrupt
+            )
+            for _ in range(num_readers)
+        ]
+        self.service = Service(index, config, fetch=self._fetch, publish=ray.put, readahead=2 * num_readers)
+        warm_up(config)
+
+    async def attach(self, fingerprint: int, name: str) -> None:
+        if fingerprint != self.fingerprint:
+            raise ValueError(
+                f"a loader named {name!r} already runs with other data or arguments; construct this "
+                "loader with the same source and arguments, or give it another name"
+            )
+        self.attached += 1
+
+    async def detach(self) -> int:
+        """One loader let go; the number still attached."""
+        self.attached -= 1
+        return self.attached
+
+    async def open(self, ranks: list[int], key: RunKey, timeout: float):
+        return await self.service.open(ranks, key, timeout)
+
+    async def next(self, rank: int, run_id: int, timeout: float):
+        return await self.service.next(rank, run_id, timeout)
+
+    async def leave(self, ranks: list[int], run_id: int) -> None:
+        await self.service.leave(ranks, run_id)
+
+    async def stats(self) -> dict:
+        return self.service.stats.as_dict()
+
+    async def reader_handles(self) -> list:
+        return self.readers
+
+    async def reader_nodes(self) -> list[str]:
+        return await asyncio.gather(*(r.node_id.remote() for r in self.readers))
+
+    async def _fetch(self, unit: int) -> Chunk:
+        """Read ``unit`` through its owner; if that reader died, again (after its restart), then
+        through the others in turn."""
+        owner = unit % len(self.readers)
+        for attempt in range(READ_ATTEMPTS):
+            reader = self.readers[(owner + attempt // 2) % len(self.readers)]
+            try:
+                return await reader.read.remote(unit)
+            except RayTaskError as exc:  # the read itself failed: a real error, not a lost reader
+                raise exc.cause from None
+            except _LOST as exc:
+                lost = exc
+                await asyncio.sleep(min(0.1 * 2**attempt, 2.0))
+        raise RuntimeError(
+            f"{self.index.describe(unit)}: {READ_ATTEMPTS} reads failed because reader actors died "
+            f"({lost}); check the readers' logs (memory, node failures)"
+        )
+
+
+def connect(address: str | None) -> None:
+    """Join the running Ray of this process, or ``ray.init`` (no address: start or join a local Ray)."""
+    if not ray.is_initialized():
+        ray.init(address=address)
+
+
+class RayClient:
+    """A trainer process's handle on the named (or private) coordinator of one loader."""
+
+    def __init__(self, index: SourceIndex, config: LoaderConfig, fingerprint: int) -> None:
+        connect(config.ray_address)
+        readers = config.num_readers or max(1, int(ray.available_resources().get("CPU", 1)))
+        options = {"namespace": NAMESPACE}
+        if config.name is not None:
+            options.update(name=coordinator_name(config.name), get_if_exists=True)
+        self.config = config
+        self.coordinator = Coordinator.options(**options).remote(index, config, fingerprint, readers)
+        _get(self.coordinator.attach.remote(fingerprint, config.name or "(unnamed)"))
+        self.closed = False
+
+    def open(self, ranks: tuple[int, ...], epoch: int, start: Resume) -> RayStream:
+        return RayStream(self.coordinator, ranks, RunKey(epoch, start.step, start.cursor))
+
+    def stats(self) -> dict:
+        return _get(self.coordinator.stats.remote())
+
+    def reader_handles(self) -> list:
+        return _get(self.coordinator.reader_handles.remote())
+
+    def reader_nodes(self) -> list[str]:
+        return _get(self.coordinator.reader_nodes.remote())
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            remaining = _get(self.coordinator.detach.remote())
+        except RayActorError:  # already gone (its owner exited, or it was killed)
+            return
+        if remaining <= 0:
+            ray.kill(self.coordinator)
+
+
+class RayStream:
+    """Steps of one run for ``ranks``, one request per rank kept in flight ahead of the consumer."""
+
+    def __init__(self, coordinator, ranks: tuple[int, ...], key: RunKey) -> None:
+        self.coordinator = coordinator
+        self.ranks = ranks
+        self.warned = False
+        since = time.monotonic()
+        while True:
+            kind, value = _get(coordinator.open.remote(list(ranks), key, _POLL_S))
+            if kind == "open":
+                break
+            self._wait(value, since)
+        self.run_id = value
+        self.ahead = {rank: self._request(rank) for rank in ranks}
+
+    def next_step(self) -> dict[int, RankStep] | None:
+        """Every rank's share of the next step, or None at the end of the run."""
+        shares = {}
+        since = time.monotonic()
+        for rank in self.ranks:
+            while True:
+                kind, value = _get(self.ahead.pop(rank))
+                if kind != "wait":
+                    break
+                self._wait(value, since)
+                self.ahead[rank] = self._request(rank)
+            if kind == "error":
+                raise value
+            if kind == "end":
+                continue
+            self.ahead[rank] = self._request(rank)
+            shares[rank] = ray.get(value)
+        return shares or None
+
+    def close(self) -> None:
+        if self.ahead:  # ranks that did not reach the end leave the run
+            try:
+                self.coordinator.leave.remote(list(self.ahead), self.run_id)
+            except RayActorError:
+                pass
+            self.ahead = {}
+
+    def _request(self, rank: int):
+        return self.coordinator.next.remote(rank, self.run_id, _POLL_S)
+
+    def _wait(self, why: str, since: float) -> None:
+        """Warn once when a call has been blocked for long: usually a rank nobody iterates."""
+        waited = time.monotonic() - since
+        if waited >= _WARN_AFTER_S and not self.warned:
+            self.warned = True
+            warnings.warn(f"loader has waited {waited:.0f} s: {why}", RuntimeWarning, stacklevel=4)
+
+
+def _get(ref):
+    """``ray.get`` that raises the remote exception itself (a ValueError stays a ValueError)."""
+    try:
+        return ray.get(ref)
+    except RayTaskError as exc:
+        raise exc.cause from None
+

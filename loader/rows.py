@@ -1,0 +1,83 @@
+"""Histories in the jagged layout every stage passes along, and the gather that moves them.
+
+A :class:`Rows` holds n histories: row i's events are ``events[column][offsets[i]:offsets[i + 1]]``
+of every list column carried (items, timestamps and per-event features, by file column name).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from loader.kernels import copy_ranges
+
+@dataclass
+class Rows:
+    """n histories: ``user_ids`` int64 (n,), ``offsets`` int64 (n + 1,) into every array of
+    ``events`` (name -> (offsets[-1],)), and ``cut`` int64 (n,), the oldest events each row lost to
+    ``max_seq_len``."""
+
+    user_ids: np.ndarray
+    offsets: np.ndarray
+    events: dict[str, np.ndarray]
+    cut: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.user_ids)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Events per row, int64 (n,)."""
+        return np.diff(self.offsets)
+
+    def slice(self, start: int, stop: int) -> Rows:
+        """Rows ``[start, stop)``: views of the event arrays, offsets rebased to 0."""
+        first, last = int(self.offsets[start]), int(self.offsets[stop])
+        return Rows(
+            user_ids=self.user_ids[start:stop],
+            offsets=self.offsets[start : stop + 1] - first,
+            events={name: values[first:last] for name, values in self.events.items()},
+            cut=self.cut[start:stop],
+        )
+
+    @classmethod
+    def empty(cls, dtypes: dict[str, np.dtype]) -> Rows:
+        """No rows, event columns of the given dtypes."""
+        return cls(
+            user_ids=np.zeros(0, dtype=np.int64),
+            offsets=np.zeros(1, dtype=np.int64),
+            events={name: np.zeros(0, dtype=dtype) for name, dtype in dtypes.items()},
+            cut=np.zeros(0, dtype=np.int64),
+        )
+
+
+def gather(sources: list[Rows], source: np.ndarray, row: np.ndarray) -> Rows:
+    """Output row i is ``sources[source[i]]``'s row ``row[i]`` (source, row: int (n,)).
+
+    Every source must carry the same event columns with the same dtypes.
+    """
+    n = len(source)
+    lengths = np.empty(n, dtype=np.int64)
+    user_ids = np.empty(n, dtype=np.int64)
+    cut = np.empty(n, dtype=np.int64)
+    # groups: output positions grouped by source, ascending inside each group
+    by_source = np.argsort(source, kind="stable")
+    bounds = np.searchsorted(source[by_source], np.arange(len(sources) + 1))
+    groups = [(s, by_source[bounds[s] : bounds[s + 1]]) for s in range(len(sources))]
+    groups = [(s, out) for s, out in groups if len(out)]
+    for s, out in groups:
+        picked = row[out]
+        lengths[out] = sources[s].offsets[picked + 1] - sources[s].offsets[picked]
+        user_ids[out] = sources[s].user_ids[picked]
+        cut[out] = sources[s].cut[picked]
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    events = {}
+    for name, values in sources[0].events.items():
+        dst = np.empty(int(offsets[-1]), dtype=values.dtype)
+        for s, out in groups:
+            src = sources[s]
+            copy_ranges(src.events[name], src.offsets[row[out]], lengths[out], dst, offsets[out])
+        events[name] = dst
+    return Rows(user_ids=user_ids, offsets=offsets, events=events, cut=cut)

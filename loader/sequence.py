@@ -1,0 +1,194 @@
+"""``loader.SequenceLoader``: balanced microbatches of Parquet histories for every trainer rank.
+
+See docs/loader.md for the semantics (order, steps, state, faults, backends).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Mapping
+
+import torch
+
+from balancer import CostModel
+from loader.assemble import Microbatch, RankStep, microbatches
+from loader.config import LoaderConfig, fingerprint
+from loader.inline import InlineClient
+from loader.pipeline import Resume
+from loader.schema import Columns
+from loader.sources import index_source
+from loader.state import make_state, read_state
+
+
+class SequenceLoader:
+    """Streams every global batch of ``samples_per_step`` histories, planned by ``balancer.plan``
+    into ``ranks`` x ``microbatches`` bins of equal cost, to per-rank iterators.
+
+    ``source``: a Parquet file, directory, glob or list of them, local or a pyarrow filesystem URI.
+    Every rank gets exactly ``microbatches`` microbatches per step, for the same number of steps;
+    every valid row is delivered exactly once per epoch (the last short step too, unless
+    ``drop_last``). ``shuffle_window`` (rows per shuffle block, default 16384) bounds memory;
+    ``pin_memory`` pins the tensors (needs CUDA). Use as a context manager, or call :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        source,
+        *,
+        ranks: int,
+        microbatches: int,
+        samples_per_step: int,
+        cost_model: CostModel | None = None,
+        max_seq_len: int | None = None,
+        max_tokens: int | None = None,
+        equal_count: bool = False,
+        seed: int = 0,
+        shuffle: bool = True,
+        drop_last: bool = False,
+        backend: str = "ray",
+        num_readers: int | None = None,
+        columns: Columns | None = None,
+        name: str | None = None,
+        ray_address: str | None = None,
+        prefetch_steps: int = 2,
+        skip_corrupt: bool = False,
+        shuffle_window: int | None = None,
+        pin_memory: bool = False,
+    ) -> None:
+        self.config = LoaderConfig(
+            ranks=ranks, microbatches=microbatches, samples_per_step=samples_per_step,
+            cost_model=cost_model, max_seq_len=max_seq_len, max_tokens=max_tokens,
+            equal_count=equal_count, seed=seed, shuffle=shuffle, drop_last=drop_last, backend=backend,
+            num_readers=num_readers, columns=columns, name=name, ray_address=ray_address,
+            prefetch_steps=prefetch_steps, skip_corrupt=skip_corrupt, shuffle_window=shuffle_window,
+            pin_memory=pin_memory,
+        )  # fmt: skip
+        if pin_memory and not torch.cuda.is_available():
+            raise ValueError("pin_memory=True needs a CUDA device, and torch sees none; pass pin_memory=False")
+        self.index = index_source(source, columns=self.config.contract, skip_corrupt=skip_corrupt)
+        self.fingerprint = fingerprint(self.index, self.config)
+        if backend == "ray":
+            from loader.ray_backend import RayClient  # Ray is imported only when used
+
+            self._client = RayClient(self.index, self.config, self.fingerprint)
+        else:
+            self._client = InlineClient(self.index, self.config)
+        self._lock = threading.Lock()
+        self._progress: dict[int, tuple[int, Resume]] = {}  # rank -> (epoch, after its last whole step)
+        self._resume: tuple[int, Resume] | None = None
+        self._resumed: set[int] = set()
+        self._closed = False
+
+    # ------------------------------------------------------------------ iteration
+
+    def iter_rank(self, rank: int, epoch: int = 0) -> Iterator[Microbatch]:
+        """Rank ``rank``'s microbatches of epoch ``epoch``: ``microbatches`` per step, in step order.
+
+        With the Ray backend all ranks must be iterated at the same time (one process or thread
+        each); a rank left alone stalls once the others' queues are full (a warning says so).
+        """
+        self._check(rank=rank, epoch=epoch)
+        return self._iterate((rank,), epoch, per_step=False)
+
+    def iter_steps(self, epoch: int = 0) -> Iterator[list[list[Microbatch]]]:
+        """Every rank's microbatches, one step at a time: ``[rank][microbatch]`` lists (one loop
+        for all ranks, e.g. in a single process)."""
+        self._check(rank=0, epoch=epoch)
+        return self._iterate(tuple(range(self.config.ranks)), epoch, per_step=True)
+
+    def _iterate(self, ranks: tuple[int, ...], epoch: int, *, per_step: bool):
+        stream = self._client.open(ranks, epoch, self._start(ranks, epoch))
+        try:
+            while (shares := stream.next_step()) is not None:
+                built = {r: microbatches(shares[r], pin_memory=self.config.pin_memory) for r in ranks}
+                if per_step:
+                    self._advance(ranks, epoch, shares)
+                    yield [built[r] for r in ranks]
+                    continue
+                (rank,) = ranks
+                *head, last = built[rank]
+                yield from head
+                self._advance(ranks, epoch, shares)  # the step is delivered once its last microbatch is
+                yield last
+        finally:
+            stream.close()
+
+    def _start(self, ranks: tuple[int, ...], epoch: int) -> Resume:
+        """A loaded state's resume point, for the first pass of each rank over its epoch."""
+        with self._lock:
+            if self._resume is None or self._resume[0] != epoch or self._resumed & set(ranks):
+                return Resume()
+            self._resumed.update(ranks)
+            return self._resume[1]
+
+    def _advance(self, ranks: tuple[int, ...], epoch: int, shares: dict[int, RankStep]) -> None:
+        share = shares[ranks[0]]
+        with self._lock:
+            for rank in ranks:
+                self._progress[rank] = (epoch, Resume(step=share.step + 1, cursor=share.cursor))
+
+    def _check(self, *, rank: int, epoch: int) -> None:
+        if self._closed:
+            raise RuntimeError("this SequenceLoader is closed; construct a new one")
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.config.ranks:
+            raise ValueError(f"rank must be an integer in [0, {self.config.ranks}), got {rank!r}")
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}")
+
+    # ------------------------------------------------------------------ state
+
+    def state_dict(self) -> dict:
+        """Where this process stands: after the last step every rank it iterates has fully received.
+
+        A small JSON-able dict; a loader built with the same source and arguments resumes from it
+        with :meth:`load_state_dict` and yields what this one would have yielded next.
+        """
+        with self._lock:
+            if self._progress:
+                epoch, resume = min(self._progress.values(), key=lambda p: (p[0], p[1].step))
+            else:
+                epoch, resume = self._resume or (0, Resume())
+        return make_state(seed=self.config.seed, epoch=epoch, resume=resume, fingerprint=self.fingerprint)
+
+    def load_state_dict(self, state: Mapping) -> None:
+        """Resume from ``state``: the next ``iter_rank(rank, state["epoch"])`` of each rank (or
+        ``iter_steps``) continues after its step ``state["step"] - 1``; other epochs start afresh."""
+        epoch, resume = read_state(state, seed=self.config.seed, fingerprint=self.fingerprint, rows=self.index.rows)
+        with self._lock:
+            self._resume = (epoch, resume)
+            self._resumed = set()
+            self._progress = {}
+
+    # ------------------------------------------------------------------ reporting, lifetime
+
+    def stats(self) -> dict:
+        """Rows read, delivered and skipped (per reason), truncations, planner time per step.
+
+        ``rows_read == rows_delivered + sum(rows_skipped.values())`` at every step boundary.
+        """
+        return self._client.stats()
+
+    def reader_nodes(self) -> list[str]:
+        """Ray node id of each reader actor (``backend="ray"`` only)."""
+        return self._ray_client().reader_nodes()
+
+    def reader_handles(self) -> list:
+        """The reader actor handles (``backend="ray"`` only; for fault-injection tests)."""
+        return self._ray_client().reader_handles()
+
+    def _ray_client(self):
+        if self.config.backend != "ray":
+            raise ValueError(f"readers are Ray actors only with backend='ray', not {self.config.backend!r}")
+        return self._client
+
+    def close(self) -> None:
+        """Release the actors (Ray: the coordinator is killed once every attached loader closed)."""
+        if not self._closed:
+            self._closed = True
+            self._client.close()
+
+    def __enter__(self) -> SequenceLoader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,242 @@
+"""Resolve a dataset source into an index of Parquet row groups, from the file footers alone.
+
+``source`` is a file, a directory (its ``.parquet``/``.pq`` files, recursively, hidden ``.``/``_``
+entries skipped), a glob (``*``, ``?``, ``[...]`` within one path component) or a list of them, each
+a local path or a pyarrow filesystem URI (``file:///data``, ``s3://bucket/prefix``). Files are read
+in the given order (directory and glob matches sorted), each file once.
+
+The index lists every row group as a :class:`Unit` (file, row group, rows): the unit of reading,
+of shuffling and of ownership by reader actors. Every file's schema is checked against the data
+contract here, before any work; every file must carry the same event columns as the first.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from loader.schema import Columns, type_name, validate_schema
+
+PARQUET_SUFFIXES = (".parquet", ".pq")
+_WILDCARDS = "*?["
+_FOOTER_THREADS = 16
+
+
+@dataclass(frozen=True)
+class DataFile:
+    """One Parquet file and the filesystem that holds it."""
+
+    path: str
+    filesystem: pafs.FileSystem
+
+    def open(self) -> pq.ParquetFile:
+        return pq.ParquetFile(self.filesystem.open_input_file(self.path))
+
+
+@dataclass(frozen=True)
+class Unit:
+    """Row group ``row_group`` of file ``file`` (an index into ``SourceIndex.files``), ``rows`` rows."""
+
+    file: int
+    row_group: int
+    rows: int
+
+
+@dataclass(frozen=True)
+class SourceIndex:
+    """Every readable row group of a source, and what each row carries.
+
+    ``lists`` are the list columns the loader carries, as (file column, Arrow value type): the
+    items column first, then the timestamps column if the files have it, then per-event features.
+    ``skipped_files`` lists (path, reason) of corrupt files left out under ``skip_corrupt``.
+    """
+
+    files: tuple[DataFile, ...]
+    units: tuple[Unit, ...]
+    columns: Columns
+    lists: tuple[tuple[str, pa.DataType], ...]
+    skipped_files: tuple[tuple[str, str], ...]
+
+    @property
+    def rows(self) -> int:
+        return sum(u.rows for u in self.units)
+
+    @property
+    def timestamps(self) -> str | None:
+        """The timestamps column, if the files carry one."""
+        return self.columns.timestamps if self.columns.timestamps in dict(self.lists) else None
+
+    def describe(self, unit: int) -> str:
+        """``path (row group g)`` for messages."""
+        u = self.units[unit]
+        return f"{self.files[u.file].path} (row group {u.row_group})"
+
+
+def index_source(source, *, columns: Columns = Columns(), skip_corrupt: bool = False) -> SourceIndex:
+    """Resolve ``source``, read every footer and check every schema; see the module docstring.
+
+    Raises FileNotFoundError for a path that matches nothing, ValueError naming the file (and the
+    column) for a corrupt file (unless ``skip_corrupt``) or a schema that breaks the contract.
+    """
+    files = resolve(source)
+    with ThreadPoolExecutor(max_workers=min(_FOOTER_THREADS, len(files))) as pool:
+        footers = list(pool.map(_read_footer, files))
+    units: list[Unit] = []
+    skipped: list[tuple[str, str]] = []
+    kept: list[DataFile] = []
+    reference: tuple[str, dict[str, pa.DataType]] | None = None
+    for file, footer in zip(files, footers):
+        if isinstance(footer, Exception):
+            if not skip_corrupt:
+                raise ValueError(
+                    f"{file.path}: not a readable Parquet file ({_one_line(footer)}); replace the file, or pass "
+                    "skip_corrupt=True to skip it and count it in stats()['files_skipped']"
+                ) from footer
+            skipped.append((file.path, f"corrupt file: {_one_line(footer)}"))
+            continue
+        schema, row_counts = footer
+        carried = _carried_columns(schema, file.path, columns)
+        if reference is None:
+            reference = (file.path, carried)
+        _check_same_columns(file.path, carried, *reference)
+        for group, rows in enumerate(row_counts):
+            units.append(Unit(file=len(kept), row_group=group, rows=rows))
+        kept.append(file)
+    if reference is None:
+        raise ValueError(
+            f"{source}: none of its {len(files)} Parquet file(s) is readable; every one is corrupt"
+        )
+    return SourceIndex(tuple(kept), tuple(units), columns, tuple(reference[1].items()), tuple(skipped))
+
+
+def resolve(source) -> list[DataFile]:
+    """The Parquet files named by ``source``, in reading order, without repeats."""
+    items = [source] if isinstance(source, (str, os.PathLike)) else list(source)
+    if not items:
+        raise ValueError("source is an empty list; pass a file, a directory, a glob or a list of them")
+    files: list[DataFile] = []
+    seen: set[tuple[str, str]] = set()
+    for item in items:
+        if not isinstance(item, (str, os.PathLike)):
+            raise ValueError(f"source entries must be paths or URIs, got {type(item).__name__}: {item!r}")
+        for file in _resolve_one(os.fspath(item)):
+            key = (file.filesystem.type_name, file.path)
+            if key not in seen:
+                seen.add(key)
+                files.append(file)
+    return files
+
+
+def _resolve_one(text: str) -> list[DataFile]:
+    wild = next((i for i, ch in enumerate(text) if ch in _WILDCARDS), None)
+    if wild is not None:
+        base_end = text.rfind("/", 0, wild)
+        base, pattern = (text[:base_end], text[base_end + 1 :]) if base_end >= 0 else (".", text)
+        filesystem, base_path = _filesystem(base or "/")
+        return [DataFile(p, filesystem) for p in _glob(filesystem, base_path, pattern, text)]
+    filesystem, path = _filesystem(text)
+    info = filesystem.get_file_info(path)
+    if info.type == pafs.FileType.NotFound:
+        raise FileNotFoundError(f"{text}: no such file or directory")
+    if info.type == pafs.FileType.File:
+        return [DataFile(path, filesystem)]
+    selector = pafs.FileSelector(path, recursive=True)
+    found = sorted(
+        i.path
+        for i in filesystem.get_file_info(selector)
+        if i.type == pafs.FileType.File
+        and i.path.lower().endswith(PARQUET_SUFFIXES)
+        and not _hidden(i.path[len(path) :])
+    )
+    if not found:
+        raise FileNotFoundError(f"{text}: directory holds no .parquet or .pq files")
+    return [DataFile(p, filesystem) for p in found]
+
+
+def _filesystem(text: str) -> tuple[pafs.FileSystem, str]:
+    if "://" in text:
+        try:
+            return pafs.FileSystem.from_uri(text)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
+            raise ValueError(f"{text}: not a filesystem URI pyarrow can open ({exc})") from exc
+    return pafs.LocalFileSystem(), os.path.abspath(text)
+
+
+def _glob(filesystem: pafs.FileSystem, base: str, pattern: str, text: str) -> list[str]:
+    """Files under ``base`` whose path below it matches ``pattern`` component by component."""
+    parts = pattern.split("/")
+    info = filesystem.get_file_info(base)
+    if info.type != pafs.FileType.Directory:
+        raise FileNotFoundError(f"{text}: no files match this pattern ({base} is not a directory)")
+    selector = pafs.FileSelector(base, recursive=len(parts) > 1)
+    matches = []
+    for entry in filesystem.get_file_info(selector):
+        rel = entry.path[len(base.rstrip("/")) + 1 :].split("/")
+        if (
+            entry.type == pafs.FileType.File
+            and len(rel) == len(parts)
+            and all(fnmatch.fnmatchcase(r, p) for r, p in zip(rel, parts))
+        ):
+            matches.append(entry.path)
+    if not matches:
+        raise FileNotFoundError(f"{text}: no files match this pattern")
+    return sorted(matches)
+
+
+def _hidden(relative: str) -> bool:
+    return any(part.startswith((".", "_")) for part in relative.split("/") if part)
+
+
+def _read_footer(file: DataFile) -> tuple[pa.Schema, list[int]] | Exception:
+    """(schema, rows per row group), or the exception a corrupt footer raised."""
+    try:
+        parquet = file.open()
+        metadata = parquet.metadata
+        return parquet.schema_arrow, [metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)]
+    except FileNotFoundError:
+        raise
+    except (pa.ArrowException, OSError) as exc:  # bad magic bytes, truncated or garbled thrift
+        return exc
+
+
+def _carried_columns(schema: pa.Schema, path: str, columns: Columns) -> dict[str, pa.DataType]:
+    """File column -> Arrow value type of every list column the loader carries, items first."""
+    features = validate_schema(schema, path, columns)
+    carried = {columns.items: pa.int64()}
+    if columns.timestamps is not None and columns.timestamps in schema.names:
+        carried[columns.timestamps] = pa.int64()
+    for name in features:
+        carried[name] = schema.field(name).type.value_type
+    return carried
+
+
+def _check_same_columns(
+    path: str, carried: dict[str, pa.DataType], ref_path: str, reference: dict[str, pa.DataType]
+) -> None:
+    for name, value_type in reference.items():
+        if name not in carried:
+            raise ValueError(
+                f"{path}: column {name!r} is missing, but {ref_path} has it; every file of a source "
+                "must carry the same list columns (rewrite the file, or leave it out of the source)"
+            )
+        if carried[name] != value_type:
+            raise ValueError(
+                f"{path}: column {name!r} has values of type {type_name(carried[name])}, but "
+                f"{ref_path} has {type_name(value_type)}; write every file with the same types"
+            )
+    for name in carried.keys() - reference.keys():
+        raise ValueError(
+            f"{path}: column {name!r} is not in {ref_path}; every file of a source must carry the "
+            "same list columns (rewrite the file, or leave it out of the source)"
+        )
+
+
+
+def _one_line(exc: Exception) -> str:
+    return " ".join(str(exc).split())

@@ -1,0 +1,55 @@
+"""Resumable state: five integers, JSON-able; the epoch order is recomputed from them.
+
+``{"seed", "epoch", "step", "cursor", "fingerprint"}``: ``step`` steps of epoch ``epoch`` were
+delivered, and the next one starts at position ``cursor`` of the epoch order. ``fingerprint`` (see
+:func:`loader.config.fingerprint`) ties the state to the data and the arguments that shaped it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from loader.pipeline import Resume
+
+VERSION = 1
+KEYS = ("version", "seed", "epoch", "step", "cursor", "fingerprint")
+
+
+def make_state(*, seed: int, epoch: int, resume: Resume, fingerprint: int) -> dict:
+    return {
+        "version": VERSION,
+        "seed": seed,
+        "epoch": epoch,
+        "step": resume.step,
+        "cursor": resume.cursor,
+        "fingerprint": fingerprint,
+    }
+
+
+def read_state(state: Mapping, *, seed: int, fingerprint: int, rows: int) -> tuple[int, Resume]:
+    """(epoch, resume point) of a saved state; ValueError when it does not fit this loader."""
+    if not isinstance(state, Mapping):
+        raise ValueError(f"state must be the dict state_dict() returned, got {type(state).__name__}")
+    missing = [key for key in KEYS if key not in state]
+    if missing:
+        raise ValueError(f"state lacks {', '.join(missing)}; pass the dict state_dict() returned")
+    for key in KEYS:
+        value = state[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"state[{key!r}] must be a non-negative integer, got {value!r}")
+    if state["version"] != VERSION:
+        raise ValueError(f"state version {state['version']} is not supported (this loader writes {VERSION})")
+    if state["seed"] != seed:
+        raise ValueError(
+            f"state was saved with seed={state['seed']}, this loader has seed={seed}; "
+            "construct the loader with the seed of the run you resume"
+        )
+    if state["fingerprint"] != fingerprint:
+        raise ValueError(
+            "state was saved by a loader with other data or arguments (fingerprint "
+            f"{state['fingerprint']} != {fingerprint}); construct the loader with the same source "
+            "and arguments as the run you resume"
+        )
+    if state["cursor"] > rows:
+        raise ValueError(f"state cursor {state['cursor']} is past the {rows} rows of an epoch")
+    return state["epoch"], Resume(step=state["step"], cursor=state["cursor"])

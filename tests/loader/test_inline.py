@@ -1,0 +1,218 @@
+"""SequenceLoader end to end on the inline backend: exactly-once, layout, content, faults, state."""
+
+import math
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from balancer import CostModel
+from loader import SequenceLoader
+from loader.schema import Columns
+
+from .helpers import assert_resume_equal, check_layout, collect, histories, messy, record, source_histories, synth
+
+
+@pytest.fixture(scope="module")
+def messy_data(tmp_path_factory):
+    return messy(tmp_path_factory.mktemp("messy"))
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return synth(tmp_path_factory.mktemp("synth"), users=200, max_len=40, files=3, rows_per_group=30)
+
+
+def _loader(source, **kwargs):
+    return SequenceLoader(source, backend="inline", num_readers=2, **kwargs)
+
+
+@given(
+    ranks=st.integers(1, 5),
+    microbatches=st.integers(1, 4),
+    samples_per_step=st.integers(1, 70),
+    window=st.integers(1, 120),
+    seed=st.integers(0, 2**63 - 1),
+    shuffle=st.booleans(),
+    drop_last=st.booleans(),
+    equal_count=st.booleans(),
+    max_seq_len=st.none() | st.integers(1, 30),
+)
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_every_valid_row_exactly_once(messy_data, ranks, microbatches, samples_per_step, window, seed, shuffle,
+                                      drop_last, equal_count, max_seq_len):
+    path, skipped = messy_data
+    expected = source_histories(path, max_seq_len)
+    full = source_histories(path)
+    with _loader(path, ranks=ranks, microbatches=microbatches, samples_per_step=samples_per_step,
+                 shuffle_window=window, seed=seed, shuffle=shuffle, drop_last=drop_last,
+                 equal_count=equal_count, max_seq_len=max_seq_len) as loader:
+        steps = collect(loader)
+        stats = loader.stats()
+    check_layout(steps, ranks=ranks, microbatches=microbatches)
+    got = histories(steps)
+    n = len(expected)
+    assert len(steps) == (n // samples_per_step if drop_last else math.ceil(n / samples_per_step))
+    assert len(got) == n - (n % samples_per_step if drop_last else 0)
+    for user, events in got.items():  # what was delivered is the source row, most recent events kept
+        assert events == expected[user]
+    if not drop_last:
+        assert sorted(got) == sorted(expected)
+    dropped = {"drop_last": n - len(got)} if n - len(got) else {}
+    assert stats["rows_skipped"] == dict(sorted({**skipped, **dropped}.items()))
+    assert stats["rows_read"] == stats["rows_delivered"] + sum(stats["rows_skipped"].values()) == 240
+    assert stats["rows_delivered"] == len(got) and stats["steps"] == len(steps)
+    cut = [len(full[u]["item_ids"]) - len(got[u]["item_ids"]) for u in got]
+    assert stats["rows_truncated"] == sum(c > 0 for c in cut) and stats["events_truncated"] == sum(cut)
+
+
+def test_same_seed_same_batches_other_seed_or_epoch_differs(data):
+    kwargs = dict(ranks=3, microbatches=2, samples_per_step=32, shuffle_window=50)
+    with _loader(data, seed=5, **kwargs) as a, _loader(data, seed=5, **kwargs) as b, _loader(data, seed=6, **kwargs) as c:
+        first = collect(a)
+        assert first == collect(b) == collect(a)  # again, and by another loader
+        assert first != collect(c)
+        assert first != collect(a, epoch=1)
+        assert histories(collect(a, epoch=1)).keys() == histories(first).keys()
+
+
+def test_iter_rank_matches_iter_steps_and_counts_are_equal(data):
+    with _loader(data, ranks=3, microbatches=3, samples_per_step=41) as loader:
+        steps = collect(loader)
+        per_rank = [[record(mb) for mb in loader.iter_rank(r)] for r in range(3)]
+    assert {len(r) for r in per_rank} == {3 * len(steps)} and len(steps) == math.ceil(200 / 41)
+    for r in range(3):
+        assert per_rank[r] == [mb for step in steps for mb in step[r]]
+    last = steps[-1]  # 200 - 4 * 41 = 36 samples over 9 bins
+    assert sum(len(mb["user_ids"]) for rank in last for mb in rank) == 36
+
+
+def test_microbatch_cost_and_token_cap(data):
+    cost = CostModel(quadratic=1.0, linear=3.0, constant=2.0)
+    with _loader(data, ranks=2, microbatches=3, samples_per_step=30, cost_model=cost, max_seq_len=25,
+                 max_tokens=200) as loader:
+        steps = collect(loader)
+    for step in steps:
+        for rank in step:
+            for mb in rank:
+                lengths = np.diff(mb["offsets"])
+                assert mb["cost"] == pytest.approx(float(cost.cost(lengths).sum()))
+                assert len(mb["item_ids"]) <= 200
+
+
+def test_columns_select_the_contract_and_features_ride_along(tmp_path):
+    path = synth(tmp_path / "d", users=40)
+    table = pq.read_table(path / "part-00000.parquet").rename_columns(["uid", "seq", "ts", "ratings"])
+    pq.write_table(table, tmp_path / "renamed.parquet")
+    with _loader(tmp_path / "renamed.parquet", ranks=1, microbatches=1, samples_per_step=8,
+                 columns=Columns(user="uid", items="seq", timestamps="ts")) as loader:
+        mb = next(loader.iter_rank(0))
+    assert mb.timestamps is not None and set(mb.features) == {"ratings"}
+    assert mb.item_ids.dtype == mb.timestamps.dtype == torch.int64 and mb.features["ratings"].dtype == torch.float32
+    # without a timestamps role, a "timestamps" column is one more per-event feature
+    with _loader(path, ranks=1, microbatches=1, samples_per_step=8, columns=Columns(timestamps=None)) as loader:
+        mb = next(loader.iter_rank(0))
+    assert mb.timestamps is None and set(mb.features) == {"timestamps", "ratings"}
+
+
+def _corrupt_row_group(path, group):
+    meta = pq.ParquetFile(path).metadata.row_group(group).column(1)
+    offset = meta.dictionary_page_offset or meta.data_page_offset
+    raw = bytearray(path.read_bytes())
+    raw[offset:offset + 16] = b"\xff" * 16
+    path.write_bytes(bytes(raw))
+    return pq.ParquetFile(path).metadata.row_group(group).num_rows
+
+
+def test_corrupt_row_group_is_named_or_skipped_and_counted(tmp_path):
+    path = synth(tmp_path / "d", users=120, files=2, rows_per_group=20)
+    broken = path / "part-00001.parquet"
+    lost = _corrupt_row_group(broken, 1)
+    with _loader(path, ranks=2, microbatches=2, samples_per_step=16) as loader:
+        with pytest.raises(ValueError, match=rf"{broken} \(row group 1\): cannot be decoded .*skip_corrupt=True"):
+            collect(loader)
+    with _loader(path, ranks=2, microbatches=2, samples_per_step=16, skip_corrupt=True) as loader:
+        got = histories(collect(loader))
+        stats = loader.stats()
+    assert len(got) == 120 - lost and stats["rows_skipped"] == {"corrupt row group": lost}
+    assert stats["rows_read"] == 120
+
+
+def test_bad_arguments_name_the_value(data):
+    def build(**kwargs):
+        base = dict(ranks=2, microbatches=2, samples_per_step=8, backend="inline")
+        return SequenceLoader(data, **{**base, **kwargs})
+
+    cases = [
+        (dict(ranks=0), r"ranks must be a positive integer, got 0"),
+        (dict(samples_per_step=2.5), r"samples_per_step must be a positive integer, got 2.5"),
+        (dict(backend="spark"), r"backend must be one of 'ray', 'inline', got 'spark'"),
+        (dict(seed=-1), r"seed must be an integer in \[0, 2\*\*63\), got -1"),
+        (dict(shuffle="yes"), r"shuffle must be True or False, got 'yes'"),
+        (dict(max_seq_len=64, max_tokens=32), r"max_seq_len=64 exceeds max_tokens=32"),
+        (dict(columns={"user": "u"}), r"columns must be a loader.schema.Columns or None, got dict"),
+        (dict(cost_model="L^2"), r"cost_model must be a balancer.CostModel or None, got str"),
+        (dict(prefetch_steps=0), r"prefetch_steps must be a positive integer, got 0"),
+        (dict(name=""), r"name must be a non-empty string or None, got ''"),
+        (dict(pin_memory=True), r"pin_memory=True needs a CUDA device"),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(ValueError, match=message):
+            build(**kwargs)
+    with build() as loader:
+        with pytest.raises(ValueError, match=r"rank must be an integer in \[0, 2\), got 2"):
+            loader.iter_rank(2)
+        with pytest.raises(ValueError, match="epoch must be a non-negative integer, got -1"):
+            loader.iter_rank(0, epoch=-1)
+    with pytest.raises(RuntimeError, match="this SequenceLoader is closed"):
+        loader.iter_steps()
+
+
+def test_a_step_that_cannot_be_planned_names_step_and_fix(data):
+    with _loader(data, ranks=1, microbatches=1, samples_per_step=50, max_tokens=40) as loader:
+        with pytest.raises(ValueError, match=r"step 0: cannot plan its 50 samples: .*max_tokens=40"):
+            collect(loader)
+
+
+# ---------------------------------------------------------------- state
+
+
+KWARGS = dict(ranks=3, microbatches=2, samples_per_step=23, shuffle_window=45, seed=11, backend="inline",
+              num_readers=2, max_seq_len=30)
+
+
+def test_resume_after_every_step_in_process(data):
+    for stop_after in range(0, 10):  # 200 rows / 23 = 9 steps; 0 and 9 are the edges
+        assert_resume_equal(data, KWARGS, stop_after=stop_after, spawn=False)
+
+
+def test_resume_across_processes_and_epochs(data):
+    assert_resume_equal(data, KWARGS, stop_after=4, spawn=True)
+    assert_resume_equal(data, KWARGS, stop_after=9, epochs=(0, 1), spawn=False)  # at the epoch's end
+    assert_resume_equal(data, KWARGS, stop_after=12, epochs=(0, 1), spawn=False)  # inside epoch 1
+
+
+def test_state_is_small_and_checked(data):
+    with SequenceLoader(data, **KWARGS) as loader:
+        fresh = loader.state_dict()
+        it = loader.iter_rank(1)
+        for _ in range(3):  # one step and a half: the state is after the last whole step
+            next(it)
+        state = loader.state_dict()
+    assert fresh["step"] == fresh["cursor"] == fresh["epoch"] == 0
+    assert set(state) == {"version", "seed", "epoch", "step", "cursor", "fingerprint"} and state["step"] == 1
+    assert 23 <= state["cursor"] < 200 and all(isinstance(v, int) for v in state.values())
+    with SequenceLoader(data, **{**KWARGS, "seed": 12}) as other:
+        with pytest.raises(ValueError, match="state was saved with seed=11, this loader has seed=12"):
+            other.load_state_dict(state)
+    with SequenceLoader(data, **{**KWARGS, "samples_per_step": 24}) as other:
+        with pytest.raises(ValueError, match="state was saved by a loader with other data or arguments"):
+            other.load_state_dict(state)
+    with SequenceLoader(data, **KWARGS) as same:
+        with pytest.raises(ValueError, match="state lacks cursor"):
+            same.load_state_dict({k: v for k, v in state.items() if k != "cursor"})
+        with pytest.raises(ValueError, match=r"state\['step'\] must be a non-negative integer, got -1"):
+            same.load_state_dict({**state, "step": -1})

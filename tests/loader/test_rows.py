@@ -1,0 +1,55 @@
+"""The ragged-copy kernel against its NumPy twin, and the multi-source gather against plain Python."""
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from loader.kernels import copy_ranges, copy_ranges_ref
+from loader.rows import Rows, gather
+
+
+@given(st.lists(st.tuples(st.integers(0, 30), st.integers(0, 8)), max_size=20), st.sampled_from(["int64", "float32"]))
+@settings(max_examples=60, deadline=None)
+def test_copy_ranges_matches_reference(ranges, dtype):
+    src = np.arange(40).astype(dtype)
+    starts = np.array([min(s, 40 - n) for s, n in ranges], dtype=np.int64)
+    lengths = np.array([n for _, n in ranges], dtype=np.int64)
+    dst_starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64) if ranges else starts
+    got, want = np.full(int(lengths.sum()), -1, dtype), np.full(int(lengths.sum()), -1, dtype)
+    copy_ranges(src, starts, lengths, got, dst_starts)
+    copy_ranges_ref(src, starts, lengths, want, dst_starts)
+    np.testing.assert_array_equal(got, want)
+    assert got.tolist() == [float(x) for s, n in zip(starts, lengths) for x in range(s, s + n)]
+
+
+def _rows(histories: list[list[int]], first_user: int) -> Rows:
+    lengths = [len(h) for h in histories]
+    return Rows(
+        user_ids=np.arange(first_user, first_user + len(histories), dtype=np.int64),
+        offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+        events={"item_ids": np.array([x for h in histories for x in h], dtype=np.int64)},
+        cut=np.array(lengths, dtype=np.int64) % 2,
+    )
+
+
+@given(st.data())
+@settings(max_examples=60, deadline=None)
+def test_gather_picks_rows_from_many_sources(data):
+    history = st.lists(st.integers(0, 99), max_size=6)
+    sources = [_rows(data.draw(st.lists(history, min_size=1, max_size=5)), 100 * k) for k in range(3)]
+    picks = data.draw(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 4)), max_size=12))
+    picks = [(s, r % len(sources[s])) for s, r in picks]
+    out = gather(sources, np.array([s for s, _ in picks], dtype=np.int64), np.array([r for _, r in picks], dtype=np.int64))
+    assert out.user_ids.tolist() == [int(sources[s].user_ids[r]) for s, r in picks]
+    assert out.cut.tolist() == [int(sources[s].cut[r]) for s, r in picks]
+    for i, (s, r) in enumerate(picks):
+        src = sources[s]
+        want = src.events["item_ids"][src.offsets[r]:src.offsets[r + 1]].tolist()
+        assert out.events["item_ids"][out.offsets[i]:out.offsets[i + 1]].tolist() == want
+
+
+def test_slice_rebases_offsets():
+    rows = _rows([[1, 2], [3], [4, 5, 6]], 0)
+    part = rows.slice(1, 3)
+    assert part.offsets.tolist() == [0, 1, 4] and part.events["item_ids"].tolist() == [3, 4, 5, 6]
+    assert part.user_ids.tolist() == [1, 2]

@@ -1,0 +1,96 @@
+"""Sources: files, directories, globs, lists and URIs resolved to row groups; bad files named."""
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from loader.schema import Columns
+from loader.sources import index_source, resolve
+
+from .helpers import synth
+
+
+def _write(path, table, **kwargs):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path, **kwargs)
+    return path
+
+
+def _table(n=4, **extra):
+    columns = {"user_id": list(range(n)), "item_ids": [[1, 2]] * n, **extra}
+    return pa.table(columns)
+
+
+def test_directory_glob_list_and_uri(tmp_path):
+    data = synth(tmp_path / "d", users=60, files=3, rows_per_group=7)
+    _write(tmp_path / "d" / "_tmp" / "junk.parquet", _table())  # hidden: skipped
+    (tmp_path / "d" / "notes.txt").write_text("not data")
+    parts = sorted(str(p) for p in data.glob("part-*.parquet"))
+    assert [f.path for f in resolve(data)] == parts
+    assert [f.path for f in resolve(str(data / "part-*.parquet"))] == parts
+    assert [f.path for f in resolve([parts[2], str(data / "part-0000[01].parquet"), parts[2]])] == [parts[2], *parts[:2]]
+    assert [f.path for f in resolve(f"file://{data}")] == parts
+    assert [f.path for f in resolve(f"file://{data}/part-*.parquet")] == parts
+    index = index_source(data)
+    assert index.rows == 60 and sum(u.rows for u in index.units) == 60
+    assert [u.rows for u in index.units] == [
+        pq.ParquetFile(p).metadata.row_group(g).num_rows for p in parts for g in range(pq.ParquetFile(p).num_row_groups)
+    ]
+    assert [column for column, _ in index.lists] == ["item_ids", "timestamps", "ratings"]
+    assert index.timestamps == "timestamps" and index_source(data, columns=Columns(timestamps=None)).timestamps is None
+
+
+def test_missing_sources(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope: no such file or directory"):
+        resolve(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"empty: directory holds no \.parquet"):
+        resolve(tmp_path / "empty")
+    with pytest.raises(FileNotFoundError, match="no files match this pattern"):
+        resolve(str(tmp_path / "empty" / "*.parquet"))
+    with pytest.raises(ValueError, match="source is an empty list"):
+        resolve([])
+    with pytest.raises(ValueError, match="source entries must be paths or URIs, got int"):
+        resolve([3])
+
+
+def test_missing_and_mistyped_columns_name_file_and_column(tmp_path):
+    bad = _write(tmp_path / "a" / "x.parquet", pa.table({"user_id": [1], "items": [[1, 2]]}))
+    with pytest.raises(ValueError, match=rf"{bad}: required column 'item_ids' \(item ids\) is missing"):
+        index_source(bad)
+    assert index_source(bad, columns=Columns(items="items")).rows == 1
+    bad = _write(tmp_path / "b" / "x.parquet", _table(item_ids=[["a"]] * 4))
+    with pytest.raises(ValueError, match=rf"{bad}: column 'item_ids' has type list<string>, expected list<int64>"):
+        index_source(bad)
+    bad = _write(tmp_path / "c" / "x.parquet", _table(user_id=[0.5, 1.5, 2.5, 3.5]))
+    with pytest.raises(ValueError, match=rf"{bad}: column 'user_id' has type double"):
+        index_source(bad)
+
+
+def test_files_must_carry_the_same_columns(tmp_path):
+    first = _write(tmp_path / "a" / "0.parquet", _table(timestamps=[[1, 2]] * 4))
+    second = _write(tmp_path / "a" / "1.parquet", _table())
+    with pytest.raises(ValueError, match=rf"{second}: column 'timestamps' is missing, but {first} has it"):
+        index_source(tmp_path / "a")
+    _write(tmp_path / "b" / "0.parquet", _table(rating=pa.array([[1.0, 2.0]] * 4, pa.list_(pa.float32()))))
+    other = _write(tmp_path / "b" / "1.parquet", _table(rating=pa.array([[1.0, 2.0]] * 4, pa.list_(pa.float64()))))
+    with pytest.raises(ValueError, match=rf"{other}: column 'rating' has values of type double, but .* has float"):
+        index_source(tmp_path / "b")
+    _write(tmp_path / "c" / "0.parquet", _table())
+    extra = _write(tmp_path / "c" / "1.parquet", _table(rating=[[1, 2]] * 4))
+    with pytest.raises(ValueError, match=rf"{extra}: column 'rating' is not in"):
+        index_source(tmp_path / "c")
+
+
+def test_corrupt_file_is_named_or_skipped_and_counted(tmp_path):
+    data = synth(tmp_path / "d", users=50, files=2)
+    broken = tmp_path / "d" / "part-00001.parquet"
+    broken.write_bytes(broken.read_bytes()[:-30])  # the footer is gone
+    with pytest.raises(ValueError, match=rf"{broken}: not a readable Parquet file .*skip_corrupt=True"):
+        index_source(data)
+    index = index_source(data, skip_corrupt=True)
+    assert [path for path, _ in index.skipped_files] == [str(broken)]
+    assert index.rows == pq.ParquetFile(tmp_path / "d" / "part-00000.parquet").metadata.num_rows
+    (tmp_path / "d" / "part-00000.parquet").write_bytes(b"garbage")
+    with pytest.raises(ValueError, match="none of its 2 Parquet file"):
+        index_source(data, skip_corrupt=True)
