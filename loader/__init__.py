@@ -13,7 +13,7 @@ def __getattr__(name: str):
 
         return SequenceLoader
     if name == "Microbatch":
-        from loader.assemble import Microbatch
+        from loader.microbatch import Microbatch
 
         return Microbatch
     raise AttributeError(f"module 'loader' has no attribute {name!r}")

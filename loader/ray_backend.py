@@ -175,26 +175,25 @@ class RayStream:
     def __init__(self, coordinator, ranks: tuple[int, ...], key: RunKey) -> None:
         self.coordinator = coordinator
         self.ranks = ranks
-        self.warned = False
-        since = time.monotonic()
+        since, warned = time.monotonic(), False
         while True:
             kind, value = _get(coordinator.open.remote(list(ranks), key, _POLL_S))
             if kind == "open":
                 break
-            self._wait(value, since)
+            warned = _warn_once(value, since, warned)
         self.run_id = value
         self.ahead = {rank: self._request(rank) for rank in ranks}
 
     def next_step(self) -> dict[int, RankStep] | None:
         """Every rank's share of the next step, or None at the end of the run."""
         shares = {}
-        since = time.monotonic()
+        since, warned = time.monotonic(), False
         for rank in self.ranks:
             while True:
                 kind, value = _get(self.ahead.pop(rank))
                 if kind != "wait":
                     break
-                self._wait(value, since)
+                warned = _warn_once(value, since, warned)
                 self.ahead[rank] = self._request(rank)
             if kind == "error":
                 raise value
@@ -215,12 +214,15 @@ class RayStream:
     def _request(self, rank: int):
         return self.coordinator.next.remote(rank, self.run_id, _POLL_S)
 
-    def _wait(self, why: str, since: float) -> None:
-        """Warn once when a call has been blocked for long: usually a rank nobody iterates."""
-        waited = time.monotonic() - since
-        if waited >= _WARN_AFTER_S and not self.warned:
-            self.warned = True
-            warnings.warn(f"loader has waited {waited:.0f} s: {why}", RuntimeWarning, stacklevel=4)
+
+
+def _warn_once(why: str, since: float, warned: bool) -> bool:
+    """Warn (once per blocked call) when a call has waited long: usually a rank nobody iterates."""
+    waited = time.monotonic() - since
+    if waited >= _WARN_AFTER_S and not warned:
+        warnings.warn(f"loader has waited {waited:.0f} s: {why}", RuntimeWarning, stacklevel=4)
+        return True
+    return warned
 
 
 def _get(ref):

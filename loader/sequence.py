@@ -11,9 +11,10 @@ from collections.abc import Iterator, Mapping
 import torch
 
 from balancer import CostModel
-from loader.assemble import Microbatch, RankStep, microbatches
+from loader.assemble import RankStep
 from loader.config import LoaderConfig, fingerprint
 from loader.inline import InlineClient
+from loader.microbatch import Microbatch, microbatches
 from loader.pipeline import Resume
 from loader.schema import Columns
 from loader.sources import index_source

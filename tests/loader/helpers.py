@@ -70,6 +70,16 @@ def messy(path: Path, *, users: int = 240, seed: int = 3) -> tuple[Path, dict]:
     return path, skipped
 
 
+def corrupt_row_group(path: Path, group: int) -> int:
+    """Garble the first page header of row group ``group``'s item column; its row count."""
+    meta = pq.ParquetFile(path).metadata.row_group(group).column(1)
+    offset = meta.dictionary_page_offset or meta.data_page_offset
+    raw = bytearray(path.read_bytes())
+    raw[offset:offset + 16] = b"\xff" * 16
+    path.write_bytes(bytes(raw))
+    return pq.ParquetFile(path).metadata.row_group(group).num_rows
+
+
 def source_histories(path: Path, max_seq_len: int | None = None) -> dict[int, dict]:
     """user -> {event name: list} of every valid row, truncated to the most recent events (plain Python)."""
     out = {}
@@ -139,7 +149,8 @@ def run_worker(spec: dict) -> dict:
     """Build a loader from ``spec``, optionally load its state, take steps of its epochs.
 
     ``spec``: source, kwargs, epochs (list), stop_after (global step count to stop after, or None),
-    state (or None). Returns {"steps": records, "state": state_dict()}.
+    state (or None), rank (take only this rank's microbatches, a flat list, through iter_rank).
+    Returns {"steps": records, "state": state_dict()}.
     """
     with SequenceLoader(spec["source"], **spec["kwargs"]) as loader:
         if spec.get("state") is not None:
@@ -148,6 +159,9 @@ def run_worker(spec: dict) -> dict:
         if spec.get("stop_after") == 0:
             return {"steps": taken, "state": loader.state_dict()}
         for epoch in spec["epochs"]:
+            if "rank" in spec:
+                taken += [record(mb) for mb in loader.iter_rank(spec["rank"], epoch)]
+                continue
             for step in loader.iter_steps(epoch):
                 taken.append([[record(mb) for mb in rank] for rank in step])
                 if spec.get("stop_after") is not None and len(taken) == spec["stop_after"]:

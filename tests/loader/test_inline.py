@@ -13,7 +13,8 @@ from balancer import CostModel
 from loader import SequenceLoader
 from loader.schema import Columns
 
-from .helpers import assert_resume_equal, check_layout, collect, histories, messy, record, source_histories, synth
+from .helpers import (assert_resume_equal, check_layout, collect, corrupt_row_group, histories, messy, record,
+                      source_histories, synth)
 
 
 @pytest.fixture(scope="module")
@@ -118,19 +119,10 @@ def test_columns_select_the_contract_and_features_ride_along(tmp_path):
     assert mb.timestamps is None and set(mb.features) == {"timestamps", "ratings"}
 
 
-def _corrupt_row_group(path, group):
-    meta = pq.ParquetFile(path).metadata.row_group(group).column(1)
-    offset = meta.dictionary_page_offset or meta.data_page_offset
-    raw = bytearray(path.read_bytes())
-    raw[offset:offset + 16] = b"\xff" * 16
-    path.write_bytes(bytes(raw))
-    return pq.ParquetFile(path).metadata.row_group(group).num_rows
-
-
 def test_corrupt_row_group_is_named_or_skipped_and_counted(tmp_path):
     path = synth(tmp_path / "d", users=120, files=2, rows_per_group=20)
     broken = path / "part-00001.parquet"
-    lost = _corrupt_row_group(broken, 1)
+    lost = corrupt_row_group(broken, 1)
     with _loader(path, ranks=2, microbatches=2, samples_per_step=16) as loader:
         with pytest.raises(ValueError, match=rf"{broken} \(row group 1\): cannot be decoded .*skip_corrupt=True"):
             collect(loader)

@@ -1,0 +1,141 @@
+"""SequenceLoader on the Ray backend, one local Ray session for the module (loopback only)."""
+
+import shutil
+import tempfile
+import threading
+import warnings
+
+import pytest
+import ray
+
+from loader import SequenceLoader
+from loader import ray_backend
+from loader.ray_backend import NAMESPACE, coordinator_name
+
+from .helpers import (assert_resume_equal, check_layout, collect, corrupt_row_group, histories, record,
+                      run_worker_process, source_histories, synth)
+
+
+@pytest.fixture(scope="module")
+def ray_address():
+    temp = tempfile.mkdtemp(prefix="fsray", dir="/tmp")  # short: Ray's unix sockets live below it
+    ray.init(address="local", _temp_dir=temp, num_cpus=2, include_dashboard=False)
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+    shutil.rmtree(temp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return synth(tmp_path_factory.mktemp("d"), users=200, max_len=40, files=3, rows_per_group=25)
+
+
+def _by_threads(loader, ranks, epoch=0):
+    """Every rank drained by its own thread, as trainer ranks would: [rank][microbatch] records."""
+    out, errors = [[] for _ in range(ranks)], []
+
+    def drain(rank):
+        try:
+            out[rank] = [record(mb) for mb in loader.iter_rank(rank, epoch)]
+        except BaseException as exc:  # re-raised below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=drain, args=(r,)) for r in range(ranks)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    return out
+
+
+def _steps(per_rank, microbatches):
+    """[rank][microbatch] -> [step][rank][microbatch]."""
+    steps = len(per_rank[0]) // microbatches
+    return [[rank[s * microbatches:(s + 1) * microbatches] for rank in per_rank] for s in range(steps)]
+
+
+@pytest.mark.parametrize("ranks,microbatches,samples_per_step,window", [(3, 2, 37, 50), (1, 3, 16, 1000), (5, 1, 29, 40)])
+def test_exactly_once_and_identical_to_inline(ray_address, data, ranks, microbatches, samples_per_step, window):
+    kwargs = dict(ranks=ranks, microbatches=microbatches, samples_per_step=samples_per_step, shuffle_window=window,
+                  max_seq_len=30, seed=3, num_readers=2)
+    with SequenceLoader(data, backend="ray", **kwargs) as loader:
+        per_rank = _by_threads(loader, ranks)
+        stats = loader.stats()
+    assert len({len(r) for r in per_rank}) == 1  # equal step counts on every rank
+    steps = _steps(per_rank, microbatches)
+    check_layout(steps, ranks=ranks, microbatches=microbatches)
+    assert histories(steps) == source_histories(data, 30)
+    with SequenceLoader(data, backend="inline", **kwargs) as inline:
+        assert collect(inline) == steps
+    assert stats["rows_read"] == stats["rows_delivered"] == 200 and stats["steps"] == len(steps)
+
+
+def test_named_coordinator_is_shared_by_trainer_processes(ray_address, data):
+    kwargs = dict(ranks=2, microbatches=2, samples_per_step=30, shuffle_window=60, num_readers=2,
+                  backend="ray", name="shared", ray_address=ray_address)
+    with SequenceLoader(data, **kwargs) as loader:  # this process creates the coordinator, rank 0
+        with pytest.raises(ValueError, match="a loader named 'shared' already runs with other data or arguments"):
+            SequenceLoader(data, **{**kwargs, "samples_per_step": 31})
+        result = {}
+        other = threading.Thread(target=lambda: result.update(run_worker_process(
+            {"source": str(data), "kwargs": kwargs, "epochs": [0], "rank": 1})))
+        other.start()  # another trainer process attaches by name and takes rank 1
+        mine = [record(mb) for mb in loader.iter_rank(0)]
+        other.join(timeout=240)
+        steps = _steps([mine, result["steps"]], 2)
+        assert histories(steps) == source_histories(data)
+        check_layout(steps, ranks=2, microbatches=2)
+        ray.get_actor(coordinator_name("shared"), namespace=NAMESPACE)  # still served
+    with pytest.raises(ValueError):  # the last loader to close killed it
+        ray.get_actor(coordinator_name("shared"), namespace=NAMESPACE)
+
+
+def test_killed_readers_restart_without_loss_or_repeat(ray_address, data):
+    kwargs = dict(ranks=2, microbatches=2, samples_per_step=12, shuffle_window=25, num_readers=2, seed=9)
+    with SequenceLoader(data, backend="ray", **kwargs) as loader:
+        steps = loader.iter_steps()
+        taken = [[[record(mb) for mb in rank] for rank in next(steps)]]
+        readers = loader.reader_handles()
+        for reader in readers:  # mid-epoch, reads of later blocks in flight or still to come
+            ray.kill(reader, no_restart=False)
+        taken += [[[record(mb) for mb in rank] for rank in step] for step in steps]
+        assert len(ray.get([r.node_id.remote() for r in readers])) == 2  # restarted, serving again
+    assert histories(taken) == source_histories(data)
+    with SequenceLoader(data, backend="inline", **kwargs) as inline:
+        assert collect(inline) == taken
+
+
+def test_resume_across_processes(ray_address, data):
+    kwargs = dict(ranks=3, microbatches=2, samples_per_step=23, shuffle_window=45, seed=7, num_readers=2,
+                  backend="ray", ray_address=ray_address)
+    assert_resume_equal(data, kwargs, stop_after=4, spawn=True)
+
+
+def test_corrupt_row_group_through_the_readers(ray_address, tmp_path):
+    path = synth(tmp_path / "d", users=90, files=2, rows_per_group=15)
+    broken = path / "part-00000.parquet"
+    lost = corrupt_row_group(broken, 2)
+    kwargs = dict(ranks=2, microbatches=1, samples_per_step=20, num_readers=2, backend="ray")
+    with SequenceLoader(path, **kwargs) as loader:
+        with pytest.raises(ValueError, match=rf"{broken} \(row group 2\): cannot be decoded .*skip_corrupt=True"):
+            collect(loader)
+    with SequenceLoader(path, skip_corrupt=True, **kwargs) as loader:
+        got = histories(_steps(_by_threads(loader, 2), 1))
+        assert loader.stats()["rows_skipped"] == {"corrupt row group": lost}
+    assert len(got) == 90 - lost
+
+
+def test_a_rank_nobody_iterates_is_reported(ray_address, data, monkeypatch):
+    monkeypatch.setattr(ray_backend, "_POLL_S", 0.2)
+    monkeypatch.setattr(ray_backend, "_WARN_AFTER_S", 1.0)
+    with SequenceLoader(data, ranks=2, microbatches=1, samples_per_step=10, prefetch_steps=1, num_readers=1,
+                        backend="ray") as loader:
+        steps = loader.iter_rank(0)
+        next(steps)  # the pipeline is up; rank 1's queue fills, and then the producer waits on it
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            with pytest.raises(RuntimeWarning, match=r"waits for rank 1 to take one of its 1 queued steps.*"
+                                                     r"rank\(s\) \[1\] have not started iterating"):
+                for _ in steps:
+                    pass

@@ -1,0 +1,117 @@
+"""The coordinator's logic without Ray: runs, bounded per-rank queues, backpressure, faults."""
+
+import asyncio
+import random
+
+import pytest
+
+from loader.config import LoaderConfig
+from loader.inline import InlineClient
+from loader.pipeline import Resume
+from loader.read import read_unit
+from loader.service import RunKey, Service
+from loader.sources import index_source
+
+from .helpers import synth
+
+
+@pytest.fixture(scope="module")
+def index(tmp_path_factory):
+    return index_source(synth(tmp_path_factory.mktemp("d"), users=160, files=2, rows_per_group=15))
+
+
+def _service(index, *, fetch=None, **kwargs):
+    config = LoaderConfig(**{"ranks": 2, "microbatches": 2, "samples_per_step": 10, "shuffle_window": 30,
+                             "backend": "inline", **kwargs})
+
+    async def read(unit):
+        await asyncio.sleep(random.random() * 0.01)  # reads finish in any order
+        return read_unit(index, unit, max_seq_len=None, skip_corrupt=False)
+
+    return Service(index, config, fetch=fetch or read, publish=lambda share: share, readahead=4), config
+
+
+async def _take(service, rank, run_id, timeout=5.0):
+    kind, value = await service.next(rank, run_id, timeout)
+    return kind, value
+
+
+def test_steps_equal_inline_whatever_order_reads_finish(index):
+    async def main():
+        service, config = _service(index, seed=4)
+        _, run_id = await service.open([0, 1], RunKey(0), 5.0)
+        steps = []
+        while True:
+            shares = [await _take(service, r, run_id) for r in (0, 1)]
+            if shares[0][0] == "end":
+                assert shares[1][0] == "end"
+                return steps, config
+            steps.append([value for _, value in shares])
+
+    steps, config = asyncio.run(main())
+    inline = InlineClient(index, config).open((0, 1), 0, Resume())
+    for shares in steps:
+        expected = inline.next_step()
+        for rank, share in enumerate(shares):
+            assert share.rows.user_ids.tolist() == expected[rank].rows.user_ids.tolist()
+            assert share.rows.offsets.tolist() == expected[rank].rows.offsets.tolist()
+            assert share.bounds.tolist() == expected[rank].bounds.tolist()
+    assert inline.next_step() is None and len(steps) == 16
+
+
+def test_a_slow_rank_bounds_the_queues_but_not_the_fast_rank(index):
+    async def main():
+        service, config = _service(index, prefetch_steps=2)
+        _, run_id = await service.open([0, 1], RunKey(0), 5.0)
+        taken = []
+        while (message := await _take(service, 0, run_id, timeout=0.5))[0] == "step":
+            taken.append(message[1].step)
+        # rank 0 got what was queued: prefetch_steps steps, plus the one planned before the
+        # producer blocked on rank 1's full queue; nothing more was planned
+        assert taken == [0, 1, 2] and service.run.produced == 3
+        assert message[0] == "wait" and "waits for rank 1 to take one of its 2 queued steps" in message[1]
+        assert service.run.queues[1].qsize() == 2
+        assert (await _take(service, 1, run_id))[1].step == 0  # rank 1 takes one: rank 0 gets one more
+        assert (await _take(service, 0, run_id))[1].step == 3
+        await service.leave([1], run_id)  # rank 1 stops early: rank 0 runs to the end
+        rest = []
+        while (message := await _take(service, 0, run_id))[0] == "step":
+            rest.append(message[1].step)
+        assert message[0] == "end" and rest == list(range(4, 16))
+        assert service.run is None  # every rank finished: the run retired
+        assert service.stats.as_dict()["rows_delivered"] == 160
+
+    asyncio.run(main())
+
+
+def test_runs_queue_up_and_a_rank_iterates_once_at_a_time(index):
+    async def main():
+        service, _ = _service(index)
+        _, first = await service.open([0], RunKey(0), 5.0)
+        with pytest.raises(ValueError, match=r"rank\(s\) \[0\] already iterate epoch 0 from step 0"):
+            await service.open([0], RunKey(0), 5.0)
+        kind, why = await service.open([1], RunKey(1), 0.2)
+        assert kind == "wait" and "epoch 1 from step 0 waits until every rank has finished epoch 0" in why
+        assert "rank(s) [1] have not started iterating" in why
+        kind, joined = await service.open([1], RunKey(0), 5.0)
+        assert (kind, joined) == ("open", first)
+        await service.leave([0, 1], first)
+        kind, second = await service.open([1], RunKey(1), 5.0)
+        assert kind == "open" and second != first
+
+    asyncio.run(main())
+
+
+def test_a_failed_read_reaches_every_rank(index):
+    async def fetch(unit):
+        raise ValueError(f"unit {unit} is broken")
+
+    async def main():
+        service, _ = _service(index, fetch=fetch)
+        _, run_id = await service.open([0, 1], RunKey(0), 5.0)
+        for rank in (0, 1):
+            kind, error = await _take(service, rank, run_id)
+            assert kind == "error" and isinstance(error, ValueError) and "is broken" in str(error)
+        assert service.run is None
+
+    asyncio.run(main())
