@@ -1,6 +1,7 @@
 """``backend="inline"``: the same pipeline in-process, for machines without Ray and for debugging.
 
-Row groups of a block are read by a thread pool (pyarrow decodes without the GIL); every iterator
+Row groups are read by a thread pool (pyarrow decodes without the GIL), the next block's while the
+current one is planned (two blocks in memory, as with Ray); every iterator
 runs its own pass over the epoch and keeps its ranks' shares, so ranks may be iterated one after
 another. Steps are counted once in ``stats()`` however many iterators plan them.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from loader.assemble import RankStep, warm_up
 from loader.config import LoaderConfig
@@ -41,16 +42,26 @@ class InlineClient:
 
     def _steps(self, epoch: int, start: Resume) -> Iterator[PlannedStep]:
         run = EpochRun(self.index, self.config, epoch=epoch, start=start)
-        for block in run.blocks():
-            chunks = list(self.pool.map(self._read, run.units(block)))
-            for planned in run.feed(block, chunks):
-                self._record(planned)
-                yield planned
+        blocks = run.blocks()
+        reads = self._submit(run, blocks[0]) if blocks else []
+        try:
+            for i, block in enumerate(blocks):
+                chunks = [read.result() for read in reads]
+                reads = self._submit(run, blocks[i + 1]) if i + 1 < len(blocks) else []
+                for planned in run.feed(block, chunks):
+                    self._record(planned)
+                    yield planned
+        finally:
+            for read in reads:  # an iterator closed early: drop the read-ahead
+                read.cancel()
         for planned in run.finish():
             self._record(planned)
             yield planned
         with self._lock:
             self._stats.record(epoch, "end", run.tail)
+
+    def _submit(self, run: EpochRun, block: int) -> list[Future]:
+        return [self.pool.submit(self._read, unit) for unit in run.units(block)]
 
     def _read(self, unit: int):
         return read_unit(
