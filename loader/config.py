@@ -92,7 +92,8 @@ def fingerprint(index: SourceIndex, config: LoaderConfig) -> int:
         for key, value in asdict(config).items()
         if key not in ("seed", "backend", "num_readers", "name", "ray_address", "prefetch_steps", "pin_memory")
     }
-    decisive["cost_model"] = repr(config.cost_model)
+    model = config.cost_model
+    decisive["cost_model"] = None if model is None else [model.quadratic, model.linear, model.constant]
     decisive["columns"] = repr(config.contract)
     decisive["window"] = config.window
     decisive["files"] = [f.path for f in index.files]

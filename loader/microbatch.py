@@ -82,19 +82,10 @@ def microbatches(share: RankStep, *, pin_memory: bool = False) -> list[Microbatc
 
 def _tensor(array: np.ndarray, pin_memory: bool) -> torch.Tensor:
     if pin_memory:
-        out = torch.empty(array.shape, dtype=_TORCH_DTYPES[array.dtype], pin_memory=True)
+        dtype = torch.from_numpy(np.empty(0, dtype=array.dtype)).dtype
+        out = torch.empty(array.shape, dtype=dtype, pin_memory=True)
         out.numpy()[...] = array
         return out
     if not array.flags.writeable or not array.flags.c_contiguous:
         array = np.array(array)  # torch tensors must own writable memory
     return torch.from_numpy(array)
-
-
-_TORCH_DTYPES = {
-    np.dtype(n): getattr(torch, t)
-    for n, t in [
-        ("int8", "int8"), ("int16", "int16"), ("int32", "int32"), ("int64", "int64"), ("uint8", "uint8"),
-        ("uint16", "uint16"), ("uint32", "uint32"), ("float16", "float16"), ("float32", "float32"),
-        ("float64", "float64"),
-    ]
-}

@@ -70,6 +70,7 @@ class EpochRun:
         dtypes = {column: np.dtype(t.to_pandas_dtype()) for column, t in index.lists}
         self.pending = Rows.empty(dtypes)  # valid rows visited but not yet in a batch
         self.pending_counts = Counts()  # what the order passed since the last step closed
+        self.tail = Counts()  # set by finish(): what the order passed after the last step
 
     def blocks(self) -> range:
         """Blocks still to visit, in order."""
@@ -126,7 +127,6 @@ class EpochRun:
         counts, self.pending_counts = self.pending_counts, Counts()
         if n and not self.config.drop_last:
             counts.delivered += n
-            self.tail = Counts()
             yield self._plan([self.pending], np.zeros(n, np.int64), np.arange(n, dtype=np.int64), counts)
             return
         counts.skip(DROP_LAST, n)  # these rows were counted as truncated when visited; undo that

@@ -1,6 +1,7 @@
 """A real two-node Ray cluster on one machine: readers spread over both nodes, exactly-once holds."""
 
 import os
+import time
 
 import pytest
 import ray
@@ -23,10 +24,24 @@ def cluster():
     nodes.add_node(num_cpus=1)
     ray.init(address=nodes.address)
     nodes.wait_for_nodes()
+    _wait_until_schedulable(2)
     yield nodes
     ray.shutdown()
     nodes.shutdown()
     _restore(address_file, before)
+
+
+@ray.remote(num_cpus=0)
+def _node_id():
+    return ray.get_runtime_context().get_node_id()
+
+
+def _wait_until_schedulable(n_nodes, timeout=60.0):
+    """A node is alive before the head's scheduler sees it: wait until SPREAD reaches every node."""
+    deadline = time.monotonic() + timeout
+    while len(set(ray.get([_node_id.options(scheduling_strategy="SPREAD").remote() for _ in range(4)]))) < n_nodes:
+        assert time.monotonic() < deadline, f"the cluster did not schedule onto {n_nodes} nodes in {timeout} s"
+        time.sleep(0.5)
 
 
 def _restore(path, text):
