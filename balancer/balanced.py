@@ -6,29 +6,47 @@ equal). Without very long samples all levels are the mean bin cost; a sample cos
 forces its column up, so levels are water-filled: column j's level is the larger of the mean of what
 is left and the (jR+1)-th costliest sample, which opens that column to the R next-costliest samples.
 
-1. Capped LPT onto the bins (``lpt.lpt_bins``): costliest first into the feasible bin with the lowest
-   ``(load + cost) / level``.
-2. Local search (``kernels.refine``): repeatedly lower the bin with the highest ``load / level`` by the
-   best single move or swap with a bin below it, until every bin is at its level or nothing helps.
-3. The same two steps also run with one uniform level (the lower bound of design §4). Where levels
-   differ, the plan with the lower maximum bin cost wins, so ``balanced`` is never worse than
-   ``lpt``; ties go to the column plan, which has the smaller lockstep bubble. A uniform plan has no
-   rank structure, so without ``equal_count`` its bins are regrouped onto ranks (M each, heaviest
-   first onto the lightest rank) to balance rank totals too.
-4. Layout: each rank's microbatches are ordered heaviest first, aligning heavy bins across ranks.
-   Columns below the top level get ``LEVEL_SLACK`` spare capacity, so discrete overshoot lands there.
+Several starts, each polished by the same local search (``kernels.refine``: lower the bin furthest
+over its level by the best single move or swap with a lighter bin, until every bin is at its level
+or nothing helps), compete:
+
+- *fill* (no cap, no ``equal_count``): ``runs.deficit_fill`` deals samples, longest first, round-robin
+  over the bins still missing at least their cost. O(1) per sample, no sort: the only start on large
+  unconstrained batches (>= ``FILL_ONLY_SAMPLES``), where it ends within a small sample of the mean.
+- *lpt*: capped LPT onto identical bins (``runs.ring_lpt``), so ``balanced`` is never worse than ``lpt``
+  wherever this start runs (the winner may not have a higher peak than this start).
+- *columns* (a sample above the mean bin cost, ``equal_count``, or < ``FILL_ONLY_PER_BIN`` samples per
+  bin): LPT onto the water-filled levels.
+- *zigzag* (same cases): samples dealt to ranks in serpentine order (equal counts, a similar mix per
+  rank), then packed into each rank's microbatches (least-loaded under the cap, or first-fit decreasing
+  when that finds no room): the start that keeps tight caps with ``equal_count`` feasible.
+
+The local search has a work budget linear in N (``REFINE_WORK_PER_SAMPLE``), so planning stays O(N)
+even where most bins cannot be improved (few samples per bin under tight constraints).
+The winner has the lowest peak bin cost; peaks within ``REFINE_TOLERANCE`` of it count as equal and
+the lower lockstep bubble wins among them. Flat plans (one level) carry no rank structure: without
+``equal_count`` their bins are regrouped onto ranks (M each, heaviest first onto the lightest rank).
+Finally each rank's microbatches are ordered heaviest first, aligning heavy bins across ranks.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from balancer.kernels import lpt_assign, refine
-from balancer.lpt import lpt_bins
+from balancer.kernels import lpt_assign, pack_within_ranks, refine
+from balancer.lpt import flat_lpt_bins, lpt_bins
+from balancer.metrics import lockstep_bubble
 from balancer.registry import Problem, register
+from balancer.runs import deficit_fill, length_runs, spread_runs
+from balancer.zigzag import serpentine
 
 # Accepted refinement steps per bin before giving up on the last tiny gains.
 REFINE_STEPS_PER_BIN = 64
+# Work budget of one refinement per sample (a unit: one bin or one sample examined; ~1-2 ns): keeps the
+# search O(N) where most bins cannot be improved (few samples per bin, tight constraints).
+REFINE_WORK_PER_SAMPLE = 256
 # Refinement stops when every bin is within this fraction of its level (exactly at it where the
 # level is the costliest sample's cost: that bound is always reachable and is the plan's peak).
 REFINE_TOLERANCE = 1e-4
@@ -37,6 +55,11 @@ REFINE_PARTNERS = 32
 # Spare capacity of the columns below the top level: discrete samples cannot fill every bin exactly,
 # and the overshoot belongs in the lighter columns, never above the costliest sample.
 LEVEL_SLACK = 2e-4
+# Below this many samples per bin, the column and zigzag starts also run on unconstrained batches.
+FILL_ONLY_PER_BIN = 64
+# From this many samples on, unconstrained batches use the fill start alone (O(N); at 1M samples it
+# ends below LPT, in less time than LPT alone).
+FILL_ONLY_SAMPLES = 1 << 18
 
 
 def column_levels(desc_costs: np.ndarray, ranks: int, microbatches: int) -> np.ndarray:
@@ -47,51 +70,119 @@ def column_levels(desc_costs: np.ndarray, ranks: int, microbatches: int) -> np.n
         seed = float(desc_costs[j * ranks]) if j * ranks < desc_costs.size else 0.0
         levels[j] = max(remaining / (ranks * (microbatches - j)), seed)
         remaining = max(remaining - ranks * levels[j], 0.0)
-    levels[levels < levels[0]] *= 1.0 + LEVEL_SLACK
+    below = levels < levels[0]
+    levels[below] = np.minimum(levels[below] * (1.0 + LEVEL_SLACK), levels[0])
     floor = levels[0] * 1e-9 if levels[0] > 0 else 1.0
     return np.maximum(levels, floor)
 
 
-def _solve(problem: Problem, order: np.ndarray, column_of_bin: np.ndarray, levels: np.ndarray,
-           costliest: float) -> np.ndarray:
-    bins = lpt_bins(problem, order, column_of_bin, levels)
-    quotas, lo, n_extra = problem.quotas()
-    refine(
-        bins, problem.costs, problem.lengths, problem.microbatches, column_of_bin, levels,
-        problem.token_cap(), quotas, lo, n_extra, REFINE_STEPS_PER_BIN * problem.n_bins,
-        REFINE_TOLERANCE, REFINE_PARTNERS, costliest,
-    )
-    return bins
+@dataclass
+class _Candidate:
+    bins: np.ndarray  # int64 (N,): bin of each sample, b = rank * M + slot before the layout
+    flat: bool  # one level: bins carry no rank structure yet
+    rank_of_bin: np.ndarray | None = None  # int64 (R*M,), after the layout
+    slot_of_bin: np.ndarray | None = None
+    peak: float = 0.0
+    bubble: float = 0.0
 
 
 @register("balanced")
 def balanced(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
     R, M, n_bins = problem.ranks, problem.microbatches, problem.n_bins
-    order = problem.longest_first()
-    rank_of_bin = np.arange(n_bins) // M
-    bins, flat = np.zeros(0, dtype=np.int64), True
-    if problem.n:
-        costliest = float(problem.costs[order[0]])
+    if not problem.n:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    costliest = float(problem.costs.max())
+    mean = float(problem.costs.sum()) / n_bins
+    flat_columns = np.zeros(n_bins, dtype=np.int64)
+    flat_level = np.array([max(mean, costliest)])
+    candidates: list[_Candidate] = []
+    failure: ValueError | None = None
+    ceiling = np.inf  # the lpt start's peak: the winner may not exceed it
+    unconstrained = problem.max_tokens is None and not problem.equal_count
+    if unconstrained:
+        candidates.append(_Candidate(_refined(problem, _fill_start(problem, mean), flat_columns, flat_level,
+                                              costliest), flat=True))
+    small = problem.n < FILL_ONLY_PER_BIN * n_bins
+    if not unconstrained or problem.n < FILL_ONLY_SAMPLES:
+        try:
+            start = flat_lpt_bins(problem)
+            ceiling = _peak(problem, start)
+            candidates.append(_Candidate(_refined(problem, start, flat_columns, flat_level, costliest), flat=True))
+        except ValueError as exc:  # greedy packing found no room under the cap: other starts may
+            failure = exc
+    if costliest > mean or problem.equal_count or failure is not None or small:
+        order = problem.longest_first()
         levels = column_levels(problem.costs[order], R, M)
-        lower_bound = max(float(problem.costs.sum()) / n_bins, costliest)
-        bins = _solve(problem, order, np.zeros(n_bins, dtype=np.int64), np.array([lower_bound]), costliest)
-        if levels[0] != levels[-1]:
-            by_column = _solve(problem, order, np.arange(n_bins, dtype=np.int64) % M, levels, costliest)
-            if _peak(problem, by_column) <= _peak(problem, bins):
-                bins, flat = by_column, False
-    loads = np.bincount(bins, weights=problem.costs, minlength=n_bins)  # (R*M,)
-    if flat and not problem.equal_count:
-        # flat bins carry no rank structure: regroup them so rank totals balance too
-        rank_of_bin = _group_bins_into_ranks(loads, R, M)
-    # slot of each bin inside its rank: heaviest first (stable by bin id)
-    by_rank_then_load = np.lexsort((np.arange(n_bins), -loads, rank_of_bin))
-    slot_of_bin = np.empty(n_bins, dtype=np.int64)
-    slot_of_bin[by_rank_then_load] = np.arange(n_bins) % M
-    return rank_of_bin[bins], slot_of_bin[bins]
+        columns = np.arange(n_bins, dtype=np.int64) % M
+        quotas, lo, n_extra = problem.quotas()
+        start = lpt_assign(order, problem.costs, problem.lengths, M, columns, levels, problem.token_cap(),
+                           quotas, lo, n_extra)
+        if np.all(start >= 0):
+            candidates.append(_Candidate(_refined(problem, start, columns, levels, costliest), flat=False))
+        start = _zigzag_start(problem, order)
+        if start is not None:
+            candidates.append(_Candidate(_refined(problem, start, columns, levels, costliest), flat=False))
+    if not candidates:
+        raise failure if failure is not None else ValueError("no start found a plan within the constraints")
+    best = _choose(problem, candidates, ceiling)
+    return best.rank_of_bin[best.bins], best.slot_of_bin[best.bins]
+
+
+def _fill_start(problem: Problem, mean: float) -> np.ndarray:
+    run_len, run_count = length_runs(problem.lengths)
+    placed = deficit_fill(run_len, run_count, problem.cost_model.cost(run_len), problem.n_bins, mean)
+    return spread_runs(problem.lengths, run_len, run_count, placed, problem.seed)
+
+
+def _zigzag_start(problem: Problem, order: np.ndarray) -> np.ndarray | None:
+    """Serpentine ranks (equal counts), packed into each rank's microbatches; None if the cap blocks it."""
+    rank = np.empty(problem.n, dtype=np.int64)
+    rank[order] = serpentine(np.arange(problem.n, dtype=np.int64), problem.ranks)
+    for first_fit in (False, True):
+        bins = pack_within_ranks(order, rank, problem.costs, problem.lengths, problem.microbatches,
+                                 problem.token_cap(), first_fit)
+        if np.all(bins >= 0):
+            return bins
+        if problem.max_tokens is None:
+            break
+    return None
+
+
+def _refined(problem: Problem, bins: np.ndarray, columns: np.ndarray, levels: np.ndarray,
+             costliest: float) -> np.ndarray:
+    quotas, lo, n_extra = problem.quotas()
+    refine(
+        bins, problem.costs, problem.lengths, problem.microbatches, columns, levels, problem.token_cap(),
+        quotas, lo, n_extra, REFINE_STEPS_PER_BIN * problem.n_bins, REFINE_WORK_PER_SAMPLE * max(problem.n, problem.n_bins),
+        REFINE_TOLERANCE, REFINE_PARTNERS, costliest,
+    )
+    return bins
 
 
 def _peak(problem: Problem, bins: np.ndarray) -> float:
     return float(np.bincount(bins, weights=problem.costs, minlength=problem.n_bins).max())
+
+
+def _choose(problem: Problem, candidates: list[_Candidate], ceiling: float) -> _Candidate:
+    """Lowest peak; peaks within the refine tolerance (and not above ``ceiling``) tie, lower bubble wins."""
+    R, M, n_bins = problem.ranks, problem.microbatches, problem.n_bins
+    for cand in candidates:
+        loads = np.bincount(cand.bins, weights=problem.costs, minlength=n_bins)  # (R*M,)
+        rank_of_bin = np.arange(n_bins) // M
+        if cand.flat and not problem.equal_count:
+            rank_of_bin = _group_bins_into_ranks(loads, R, M)
+        # slot of each bin inside its rank: heaviest first (stable by bin id)
+        by_rank_then_load = np.lexsort((np.arange(n_bins), -loads, rank_of_bin))
+        slot_of_bin = np.empty(n_bins, dtype=np.int64)
+        slot_of_bin[by_rank_then_load] = np.arange(n_bins) % M
+        grid = np.zeros((R, M))
+        grid[rank_of_bin, slot_of_bin] = loads
+        cand.rank_of_bin, cand.slot_of_bin = rank_of_bin, slot_of_bin
+        cand.peak = float(loads.max())
+        cand.bubble = lockstep_bubble(grid)
+    best_peak = min(c.peak for c in candidates)
+    bar = min(best_peak * (1.0 + REFINE_TOLERANCE), max(ceiling, best_peak))
+    return min((c for c in candidates if c.peak <= bar), key=lambda c: (c.bubble, c.peak))
 
 
 def _group_bins_into_ranks(loads: np.ndarray, ranks: int, microbatches: int) -> np.ndarray:

@@ -8,13 +8,14 @@ so the tie-breaking rules below are part of the contract:
 - ``lpt_assign``: items in the given order go to the *feasible* bin with the lowest
   ``(load + cost) / level`` (ties: lowest bin id, then column); feasible = the token cap holds and,
   with rank quotas, the bin's rank still has room.
-- ``refine``: local search on the bin furthest over its threshold (first of equals): for partners in ascending
-  load order (stable), find the move (x from b to t) or swap (x in b with y in t) that lowers the
-  pair's maximum the most; first strictly-best wins, scanning x by (cost, index), a move before the
-  swaps of the same x, swaps by ascending (cost, index) of y. The first of the ``max_partners``
-  lightest partners that admits an improvement is taken; a bin no partner can help is set aside
-  until the next accepted step. Stops when no bin over its threshold is left, or after
-  ``max_iters`` accepted steps.
+- ``refine``: local search on the bin furthest over its threshold (first of equals): for partners
+  (with rank quotas first the other bins of its rank, then the ``max_partners`` lightest) in ascending
+  excess order (ties: lowest bin id), find the move (x from b to t) or swap (x in b with y in t) that
+  lowers the pair's maximum the most; first strictly-best wins, scanning x by (cost, index), a move
+  before the swaps of the same x, swaps by ascending (cost, index) of y. The first partner that admits
+  an improvement is taken; a bin no partner can help is set aside until the next accepted step. Stops
+  when no bin over its threshold is left, or after ``max_iters`` accepted steps (the kernel also stops
+  when its work budget is spent).
 
 Bins are ``b = rank * microbatches + slot``; rank quotas (``equal_count``) allow ``lo`` samples per
 rank, ``hi = lo + 1`` for at most ``n_extra`` ranks.
@@ -291,20 +292,117 @@ def _pair_score(eb, lb, hb, tb, lt, ht, tt, d):
 
 
 @njit(cache=True, nogil=True)
+def _lightest(excess, k):
+    """The ``k`` bins of lowest ``(excess, bin id)``, in that order: int64 (min(k, bins),), in O(bins * k)
+    worst case and O(bins) typically (the stable ``argsort(excess)[:k]``)."""
+    k = min(k, excess.shape[0])
+    out = np.empty(k, dtype=np.int64)
+    n = 0
+    for b in range(excess.shape[0]):
+        e = excess[b]
+        if n == k and e >= excess[out[k - 1]]:
+            continue  # not below the current k-th: ties keep the lower bin id already held
+        p = n if n < k else k - 1
+        while p > 0 and excess[out[p - 1]] > e:
+            out[p] = out[p - 1]
+            p -= 1
+        out[p] = b
+        n = min(n + 1, k)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def _best_step(b, t, xs, ys, excess, loads, level, threshold, tokens, costs, lengths, rank_counts, microbatches,
+               token_cap, quotas, lo):
+    """Best move (x from b to t, y = -1) or swap (x in b with y in t) lowering the pair's max excess:
+    (score, x, y), x = -1 when none helps. ``xs``/``ys``: members of b/t sorted by (cost, index)."""
+    eb, lb, hb, tb, rb = excess[b], loads[b], level[b], threshold[b], b // microbatches
+    lt, ht, tt, rt = loads[t], level[t], threshold[t], t // microbatches
+    limit = (eb - excess[t]) * ht  # moving d < limit keeps t's excess under b's
+    d_star = (eb - excess[t]) / (1.0 / hb + 1.0 / ht)  # equalises the two excesses
+    cross_move_ok = not quotas or rb == rt or (rank_counts[rb] == lo + 1 and rank_counts[rt] == lo)
+    cy = costs[ys]
+    best_score, best_x, best_y = 0.0, -1, -1
+    prev_cost = -1.0
+    for x in xs:
+        cx = costs[x]
+        if cx == prev_cost:
+            continue  # equal cost means equal length: same candidates as the previous x
+        prev_cost = cx
+        if cx < limit and cross_move_ok and (token_cap <= 0 or tokens[t] + lengths[x] <= token_cap):
+            score = _pair_score(eb, lb, hb, tb, lt, ht, tt, cx)
+            if score > best_score:
+                best_score, best_x, best_y = score, x, -1
+        # swaps: valid y has cx - limit < cy < cx; the best one on each side of cx - d_star
+        pos = np.searchsorted(cy, cx - d_star)
+        for side in range(2):
+            p = pos - 1 if side == 0 else pos
+            step = -1 if side == 0 else 1
+            while 0 <= p < cy.shape[0]:
+                d = cx - cy[p]
+                if d <= 0.0 or d >= limit:
+                    p = -1
+                    break
+                y = ys[p]
+                if token_cap <= 0 or (
+                    tokens[t] - lengths[y] + lengths[x] <= token_cap
+                    and tokens[b] - lengths[x] + lengths[y] <= token_cap
+                ):
+                    break
+                p += step
+            if 0 <= p < cy.shape[0]:
+                while side == 0 and p > 0 and cy[p - 1] == cy[p]:
+                    p -= 1  # first of equal costs, as a forward scan would find
+                score = _pair_score(eb, lb, hb, tb, lt, ht, tt, cx - cy[p])
+                if score > best_score:
+                    best_score, best_x, best_y = score, x, ys[p]
+    return best_score, best_x, best_y
+
+
+@njit(cache=True, nogil=True)
+def _partners_of(b, lightest, excess, microbatches, quotas):
+    """Partners tried for bin ``b``, in order: with rank quotas (where only swaps may cross ranks) the
+    other bins of b's rank by ascending (excess, id), then the ``lightest`` bins not among them."""
+    if not quotas:
+        return lightest
+    first = (b // microbatches) * microbatches
+    own = np.empty(microbatches - 1, dtype=np.int64)
+    n = 0
+    for u in range(first, first + microbatches):
+        if u != b:
+            own[n] = u
+            n += 1
+    own = own[np.argsort(excess[own], kind="mergesort")]
+    out = np.empty(own.shape[0] + lightest.shape[0], dtype=np.int64)
+    out[: own.shape[0]] = own
+    n = own.shape[0]
+    for u in lightest:
+        if u // microbatches != b // microbatches:
+            out[n] = u
+            n += 1
+    return out[:n]
+
+
+@njit(cache=True, nogil=True)
 def refine(bins, costs, lengths, microbatches, column_of_bin, levels, token_cap, quotas, lo, n_extra, max_iters,
-           tolerance, max_partners, exact_level):
+           max_work, tolerance, max_partners, exact_level):
     """Lowers the max excess (load / level - threshold) over bins by moves and swaps; ``bins`` in place.
 
     Returns the number of accepted steps. Works on the bin furthest over its threshold: ``level`` for
     bins whose level is ``exact_level`` (the costliest sample: reachable, and the plan's lower bound),
-    ``level * (1 + tolerance)`` for the rest. A bin that none of the ``max_partners`` lightest bins
-    can help is set aside until the next accepted step; stops when no bin over its threshold is left.
-    Every step lowers the pair's maximum excess, so the sorted excesses fall and the search ends.
+    ``level * (1 + tolerance)`` for the rest, but never above ``exact_level``. A bin that none of its
+    partners can help is set aside until a step changes one of them (the same plan as re-examining
+    every set-aside bin after each step, without the quadratic cost); stops when no bin over its
+    threshold is left, after ``max_iters`` accepted steps, or once ``max_work`` is spent (a bin scan
+    costs the number of bins, a pair's examination the sizes of both bins): the plan then is the one
+    the unbudgeted search reaches after the same number of steps. Every step lowers the pair's
+    maximum excess, so the sorted excesses fall and the search ends.
     """
     n = costs.shape[0]
     n_bins = column_of_bin.shape[0]
     level = levels[column_of_bin]  # (n_bins,)
-    threshold = np.where(level == exact_level, 1.0, 1.0 + tolerance)  # (n_bins,) on load / level
+    # (n_bins,) on load / level: 1 + tolerance, but no bin may pass the costliest sample's cost
+    threshold = np.where(level > exact_level, 1.0 + tolerance, np.minimum(1.0 + tolerance, exact_level / level))
     loads = np.zeros(n_bins, dtype=np.float64)
     tokens = np.zeros(n_bins, dtype=np.int64)
     rank_counts = np.zeros(max(n_bins // microbatches, 1), dtype=np.int64)
@@ -313,7 +411,8 @@ def refine(bins, costs, lengths, microbatches, column_of_bin, levels, token_cap,
         loads[b] += costs[i]
         tokens[b] += lengths[i]
         rank_counts[b // microbatches] += 1
-    if np.max(loads / level - threshold) <= 0.0:
+    excess = loads / level - threshold  # (n_bins,), kept current
+    if np.max(excess) <= 0.0:
         return 0  # already balanced: skip building the member lists
     head = np.full(n_bins, -1, dtype=np.int64)
     nxt = np.full(n, -1, dtype=np.int64)
@@ -321,91 +420,97 @@ def refine(bins, costs, lengths, microbatches, column_of_bin, levels, token_cap,
     for i in range(n - 1, -1, -1):
         _link(head, nxt, prv, i, bins[i])
     stuck = np.zeros(n_bins, dtype=np.bool_)  # over threshold, but no move or swap helps it now
-    steps = 0
-    while steps < max_iters:
-        excess = loads / level - threshold
+    n_stuck = 0
+    steps = work = 0
+    while steps < max_iters and work < max_work:
         b = np.argmax(np.where(stuck, -np.inf, excess))
         if stuck[b] or excess[b] <= 0.0:
             break
-        eb, lb, hb, tb, rb = excess[b], loads[b], level[b], threshold[b], b // microbatches
         xs = _members(head, nxt, b, costs)
-        accepted = False
-        for t in np.argsort(excess, kind="mergesort")[:max_partners]:
-            lt, ht, tt, rt = loads[t], level[t], threshold[t], t // microbatches
-            limit = (eb - excess[t]) * ht  # moving d < limit keeps t's excess under b's
-            if limit <= 0.0:
-                break
-            d_star = (eb - excess[t]) / (1.0 / hb + 1.0 / ht)  # equalises the two excesses
-            cross_move_ok = not quotas or rb == rt or (rank_counts[rb] == lo + 1 and rank_counts[rt] == lo)
+        partners = _lightest(excess, max_partners)
+        work += n_bins
+        best_x, best_y, t = -1, -1, -1
+        for t in _partners_of(b, partners, excess, microbatches, quotas):
+            if excess[t] >= excess[b]:
+                continue  # cannot take load from b
             ys = _members(head, nxt, t, costs)
-            cy = costs[ys]
-            best_score, best_x, best_y = 0.0, -1, -1
-            prev_cost = -1.0
-            for x in xs:
-                cx = costs[x]
-                if cx == prev_cost:
-                    continue  # equal cost means equal length: same candidates as the previous x
-                prev_cost = cx
-                if cx < limit and cross_move_ok and (token_cap <= 0 or tokens[t] + lengths[x] <= token_cap):
-                    score = _pair_score(eb, lb, hb, tb, lt, ht, tt, cx)
-                    if score > best_score:
-                        best_score, best_x, best_y = score, x, -1
-                # swaps: valid y has cx - limit < cy < cx; the best one on each side of cx - d_star
-                pos = np.searchsorted(cy, cx - d_star)
-                for side in range(2):
-                    p = pos - 1 if side == 0 else pos
-                    step = -1 if side == 0 else 1
-                    while 0 <= p < cy.shape[0]:
-                        d = cx - cy[p]
-                        if d <= 0.0 or d >= limit:
-                            p = -1
-                            break
-                        y = ys[p]
-                        if token_cap <= 0 or (
-                            tokens[t] - lengths[y] + lengths[x] <= token_cap
-                            and tokens[b] - lengths[x] + lengths[y] <= token_cap
-                        ):
-                            break
-                        p += step
-                    if 0 <= p < cy.shape[0]:
-                        while side == 0 and p > 0 and cy[p - 1] == cy[p]:
-                            p -= 1  # first of equal costs, as a forward scan would find
-                        score = _pair_score(eb, lb, hb, tb, lt, ht, tt, cx - cy[p])
-                        if score > best_score:
-                            best_score, best_x, best_y = score, x, ys[p]
+            work += xs.shape[0] + ys.shape[0]
+            score, best_x, best_y = _best_step(b, t, xs, ys, excess, loads, level, threshold, tokens, costs,
+                                               lengths, rank_counts, microbatches, token_cap, quotas, lo)
             if best_x >= 0:
-                cy_best = costs[best_y] if best_y >= 0 else 0.0
-                ly_best = lengths[best_y] if best_y >= 0 else 0
-                loads[b] = loads[b] - costs[best_x] + cy_best
-                loads[t] = loads[t] - cy_best + costs[best_x]
-                tokens[b] += ly_best - lengths[best_x]
-                tokens[t] += lengths[best_x] - ly_best
-                _unlink(head, nxt, prv, best_x, b)
-                _link(head, nxt, prv, best_x, t)
-                bins[best_x] = t
-                if best_y >= 0:
-                    _unlink(head, nxt, prv, best_y, t)
-                    _link(head, nxt, prv, best_y, b)
-                    bins[best_y] = b
-                else:
-                    rank_counts[rb] -= 1
-                    rank_counts[rt] += 1
-                accepted = True
                 break
-        if accepted:
-            stuck[:] = False
-            steps += 1
-        else:
+        if best_x < 0:
             stuck[b] = True
+            n_stuck += 1
+            continue
+        rb, rt = b // microbatches, t // microbatches
+        cy_best = costs[best_y] if best_y >= 0 else 0.0
+        ly_best = lengths[best_y] if best_y >= 0 else 0
+        loads[b] = loads[b] - costs[best_x] + cy_best
+        loads[t] = loads[t] - cy_best + costs[best_x]
+        excess[b] = loads[b] / level[b] - threshold[b]
+        excess[t] = loads[t] / level[t] - threshold[t]
+        tokens[b] += ly_best - lengths[best_x]
+        tokens[t] += lengths[best_x] - ly_best
+        _unlink(head, nxt, prv, best_x, b)
+        _link(head, nxt, prv, best_x, t)
+        bins[best_x] = t
+        if best_y >= 0:
+            _unlink(head, nxt, prv, best_y, t)
+            _link(head, nxt, prv, best_y, b)
+            bins[best_y] = b
+        else:
+            rank_counts[rb] -= 1
+            rank_counts[rt] += 1
+        steps += 1
+        if stuck[t]:
+            stuck[t] = False
+            n_stuck -= 1
+        if n_stuck == 0:
+            continue
+        if quotas and best_y < 0 and rb != rt:  # rank counts moved: every pair's move rule may differ
+            stuck[:] = False
+            n_stuck = 0
+            continue
+        # only pairs with a changed partner (b, t, or a bin that joined the lightest) can help now
+        after = _lightest(excess, max_partners)
+        n_changed = 0
+        for u in after:
+            if u == b or u == t or not np.any(partners == u):
+                after[n_changed] = u
+                n_changed += 1
+        changed = after[:n_changed]  # ascending excess
+        if quotas:  # b and t are also partners of the other bins of their ranks
+            changed = np.concatenate((changed, np.array([b, t])))
+        work += n_bins
+        for s in range(n_bins):
+            if not stuck[s]:
+                continue
+            xs = np.empty(0, dtype=np.int64)
+            for k in range(changed.shape[0]):
+                u = changed[k]
+                if u == s or excess[u] >= excess[s] or (k >= n_changed and u // microbatches != s // microbatches):
+                    continue
+                if xs.shape[0] == 0:
+                    xs = _members(head, nxt, s, costs)
+                ys = _members(head, nxt, u, costs)
+                work += xs.shape[0] + ys.shape[0]
+                if _best_step(s, u, xs, ys, excess, loads, level, threshold, tokens, costs, lengths, rank_counts,
+                              microbatches, token_cap, quotas, lo)[1] >= 0:
+                    stuck[s] = False
+                    n_stuck -= 1
+                    break
     return steps
 
 
 def refine_ref(bins, costs, lengths, microbatches, column_of_bin, levels, token_cap, quotas, lo, n_extra, max_iters,
                tolerance, max_partners, exact_level):
-    """Brute-force twin of ``refine``: every (x, y) pair of the worst bin and each partner."""
+    """Brute-force twin of ``refine`` without the work budget: every (x, y) pair of the worst bin and
+    each partner, every set-aside bin re-examined after each step. A budgeted kernel run equals this
+    one with ``max_iters`` = the steps the kernel returned."""
     n_bins = len(column_of_bin)
     level = np.asarray(levels)[column_of_bin]
-    threshold = np.where(level == exact_level, 1.0, 1.0 + tolerance)
+    threshold = np.where(level > exact_level, 1.0 + tolerance, np.minimum(1.0 + tolerance, exact_level / level))
     loads = np.zeros(n_bins)
     tokens = np.zeros(n_bins, dtype=np.int64)
     rank_counts = np.zeros(max(n_bins // microbatches, 1), dtype=np.int64)
@@ -423,11 +528,14 @@ def refine_ref(bins, costs, lengths, microbatches, column_of_bin, levels, token_
         eb, lb, hb, tb, rb = excess[b], loads[b], level[b], threshold[b], b // microbatches
         xs = sorted(np.flatnonzero(bins == b), key=lambda i: (costs[i], i))
         accepted = False
-        for t in np.argsort(excess, kind="stable")[:max_partners]:
+        lightest = [int(t) for t in np.argsort(excess, kind="stable")[:max_partners]]
+        own = sorted((t for t in range(rb * microbatches, (rb + 1) * microbatches) if t != b),
+                     key=lambda t: (excess[t], t)) if quotas else []
+        for t in own + [t for t in lightest if t not in own and t != b]:
             lt, ht, tt, rt = loads[t], level[t], threshold[t], t // microbatches
             limit = (eb - excess[t]) * ht
             if limit <= 0.0:
-                break
+                continue
             cross_move_ok = not quotas or rb == rt or (rank_counts[rb] == lo + 1 and rank_counts[rt] == lo)
             ys = sorted(np.flatnonzero(bins == t), key=lambda i: (costs[i], i))
             best_score, best_x, best_y = 0.0, -1, -1
@@ -470,3 +578,52 @@ def refine_ref(bins, costs, lengths, microbatches, column_of_bin, levels, token_
         else:
             stuck[b] = True
     return steps
+
+
+# ---------------------------------------------------------------- packing inside fixed ranks
+
+
+@njit(cache=True, nogil=True)
+def pack_within_ranks(order, rank, costs, lengths, microbatches, token_cap, first_fit):
+    """Bin of each item (int64 (N,)) inside its given rank, items in ``order``; -1 where none fits.
+
+    Each item goes to one of its rank's ``microbatches`` bins whose tokens stay within ``token_cap``
+    (<= 0: no cap): the least-loaded one (ties: lowest slot), or with ``first_fit`` the lowest slot
+    (first-fit decreasing, which packs tokens tighter when the cap is tight).
+    """
+    n_ranks = 1
+    for i in range(rank.shape[0]):
+        n_ranks = max(n_ranks, rank[i] + 1)
+    loads = np.zeros(n_ranks * microbatches, dtype=np.float64)
+    tokens = np.zeros(n_ranks * microbatches, dtype=np.int64)
+    bins = np.full(order.shape[0], -1, dtype=np.int64)
+    for i in order:
+        base = rank[i] * microbatches
+        best = -1
+        for b in range(base, base + microbatches):
+            if token_cap > 0 and tokens[b] + lengths[i] > token_cap:
+                continue
+            if best < 0 or (not first_fit and loads[b] < loads[best]):
+                best = b
+                if first_fit:
+                    break
+        if best >= 0:
+            bins[i] = best
+            loads[best] += costs[i]
+            tokens[best] += lengths[i]
+    return bins
+
+
+def pack_within_ranks_ref(order, rank, costs, lengths, microbatches, token_cap, first_fit):
+    loads: dict[int, float] = {}
+    tokens: dict[int, int] = {}
+    bins = np.full(len(order), -1, dtype=np.int64)
+    for i in order:
+        slots = [rank[i] * microbatches + j for j in range(microbatches)]
+        fits = [b for b in slots if token_cap <= 0 or tokens.get(b, 0) + lengths[i] <= token_cap]
+        if fits:
+            best = fits[0] if first_fit else min(fits, key=lambda b: (loads.get(b, 0.0), b))
+            bins[i] = best
+            loads[best] = loads.get(best, 0.0) + costs[i]
+            tokens[best] = tokens.get(best, 0) + lengths[i]
+    return bins

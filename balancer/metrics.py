@@ -17,6 +17,12 @@ from __future__ import annotations
 import numpy as np
 
 
+def lockstep_bubble(loads: np.ndarray) -> float:
+    """``bubble_fraction`` of (R, M) loads: 1 - sum_j mean_r C[r, j] / sum_j max_r C[r, j]."""
+    column_max = loads.max(axis=0)  # (M,)
+    return 1.0 - float(loads.mean(axis=0).sum() / column_max.sum()) if column_max.sum() > 0 else 0.0
+
+
 def balance_metrics(loads: np.ndarray, tokens: np.ndarray, counts: np.ndarray, *, max_single_cost: float,
                     max_tokens: int | None = None) -> dict:
     """Metrics from per-bin loads/tokens/counts, each (R, M)."""
@@ -25,14 +31,13 @@ def balance_metrics(loads: np.ndarray, tokens: np.ndarray, counts: np.ndarray, *
     peak = float(loads.max()) if loads.size else 0.0
     mean = total / loads.size if loads.size else 0.0
     lower_bound = max(mean, float(max_single_cost))
-    column_max = loads.max(axis=0)  # (M,)
     rank_sums = loads.sum(axis=1)  # (R,)
     per_rank = counts.sum(axis=1)  # (R,)
     return {
         "max_over_mean": peak / mean if mean > 0 else 1.0,
         "lower_bound": lower_bound,
         "max_over_lower_bound": peak / lower_bound if lower_bound > 0 else 1.0,
-        "bubble_fraction": 1.0 - float(loads.mean(axis=0).sum() / column_max.sum()) if total > 0 else 0.0,
+        "bubble_fraction": lockstep_bubble(loads) if total > 0 else 0.0,
         "step_bubble_fraction": 1.0 - float(rank_sums.mean() / rank_sums.max()) if total > 0 else 0.0,
         "token_cap_violations": int(np.count_nonzero(tokens > max_tokens)) if max_tokens is not None else 0,
         "max_cost": peak,

@@ -88,7 +88,7 @@ def plan(
     if not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
     costs = cost_model.cost(lengths)
-    problem = Problem(lengths, costs, ranks, microbatches, max_tokens, bool(equal_count), int(seed))
+    problem = Problem(lengths, costs, ranks, microbatches, max_tokens, bool(equal_count), int(seed), cost_model)
 
     start = time.perf_counter()
     rank, microbatch = planner(problem)

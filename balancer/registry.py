@@ -12,6 +12,7 @@ from typing import Callable
 
 import numpy as np
 
+from balancer.cost import DEFAULT_COST_MODEL, CostModel
 from balancer.kernels import order_by_length_desc
 
 
@@ -26,6 +27,7 @@ class Problem:
     max_tokens: int | None
     equal_count: bool
     seed: int
+    cost_model: CostModel = DEFAULT_COST_MODEL  # gave ``costs``; prices a length without a sample
 
     @property
     def n(self) -> int:

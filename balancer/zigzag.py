@@ -12,7 +12,7 @@ import numpy as np
 from balancer.registry import Problem, register
 
 
-def _serpentine(position: np.ndarray, parts: int) -> np.ndarray:
+def serpentine(position: np.ndarray, parts: int) -> np.ndarray:
     """Part of the item at each dealing ``position`` (0, 1, .., p-1, p-1, .., 0, 0, ..)."""
     round_, within = np.divmod(position, parts)
     return np.where(round_ % 2 == 0, within, parts - 1 - within)
@@ -25,7 +25,7 @@ def zigzag(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
     position = np.arange(problem.n, dtype=np.int64)
     rank = np.empty(problem.n, dtype=np.int64)
     microbatch = np.empty(problem.n, dtype=np.int64)
-    rank[order] = _serpentine(position, R)
+    rank[order] = serpentine(position, R)
     # the q-th sample a rank receives (q = dealing round) goes to microbatch serpentine(q, M)
-    microbatch[order] = _serpentine(position // R, M)
+    microbatch[order] = serpentine(position // R, M)
     return rank, microbatch

@@ -69,9 +69,15 @@ def test_refine_matches_reference_and_never_worsens(data):
         return  # infeasible under the cap: plan() reports it
     fast, slow = start.copy(), start.copy()
     tolerance = data.draw(st.sampled_from([0.0, 1e-3]))
-    tail = (cap, quotas, lo, n_extra, 10_000, tolerance, 8, float(costs.max()))
-    steps = K.refine(fast, costs, lengths, microbatches, column_of_bin, levels, *tail)
-    assert steps == K.refine_ref(slow, costs, lengths, microbatches, column_of_bin, levels, *tail)
+    partners = data.draw(st.sampled_from([2, 8]))
+    # a work budget stops the kernel early, on the path of the unbudgeted search
+    max_work = data.draw(st.sampled_from([1 << 62, 0, 50, 500]))
+    tail = (tolerance, partners, float(costs.max()))
+    steps = K.refine(fast, costs, lengths, microbatches, column_of_bin, levels, cap, quotas, lo, n_extra, 10_000,
+                     max_work, *tail)
+    max_iters = 10_000 if max_work == 1 << 62 else steps
+    assert steps == K.refine_ref(slow, costs, lengths, microbatches, column_of_bin, levels, cap, quotas, lo, n_extra,
+                                 max_iters, *tail)
     np.testing.assert_array_equal(fast, slow)
     n_bins = ranks * microbatches
     level = levels[column_of_bin]
