@@ -1,9 +1,10 @@
-"""One global batch -> ``balancer.plan`` -> each rank's share of the step.
+"""One global batch -> ``balancer.plan`` -> each rank's share of the step, as a gather list.
 
-A rank's share of a step is one :class:`RankStep`: its rows for all M microbatches laid out
-back to back in one jagged :class:`Rows` (microbatch j is rows ``bounds[j]:bounds[j+1]``), so it
-ships through the object store as a handful of flat buffers; :mod:`loader.microbatch` turns it into
-torch tensors on the trainer side. No torch here: Ray's coordinator and readers never import it.
+A rank's share of a step is a :class:`RankStep`: which rows of which sources (cleaned row groups,
+or rows carried over from an earlier block) form its M microbatches, in order. No event data is
+copied here: the trainer side gathers the rows straight into its tensors (:mod:`loader.microbatch`),
+so with Ray the coordinator only plans, and scales with steps rather than with bytes. No torch here
+either: Ray's coordinator and readers never import it.
 """
 
 from __future__ import annotations
@@ -15,41 +16,48 @@ import numpy as np
 
 import balancer
 from loader.config import LoaderConfig
-from loader.rows import Rows, gather
+from loader.rows import Rows
 
 
 @dataclass
 class RankStep:
     """Rank ``rank``'s M microbatches of step ``step``; ``cursor`` is the epoch position after it.
 
-    ``items`` and ``timestamps`` name the columns of ``rows.events`` in those roles; the other
-    columns are per-event features.
+    Row i of the rank's share is row ``row[i]`` of ``sources[source[i]]``; microbatch j holds rows
+    ``bounds[j]:bounds[j + 1]``. ``sources`` are :class:`Rows`, or handles to them (Ray object refs)
+    until the trainer side fetches them. ``dtypes`` are the event columns; ``items`` and
+    ``timestamps`` name the columns in those roles, the others are per-event features.
     """
 
     step: int
     rank: int
     cursor: int
-    rows: Rows
+    sources: list
+    source: np.ndarray  # int64 (n,) index into sources
+    row: np.ndarray  # int64 (n,)
     bounds: np.ndarray  # int64 (M + 1,) row boundaries of the microbatches
     costs: np.ndarray  # float64 (M,) planned cost of each microbatch
+    dtypes: dict[str, np.dtype]
     items: str
     timestamps: str | None
 
 
 def plan_step(
     sources: list[Rows],
+    handles: list,
     source: np.ndarray,
     row: np.ndarray,
     *,
     step: int,
     cursor: int,
     config: LoaderConfig,
+    dtypes: dict[str, np.dtype],
     roles: tuple[str, str | None],
 ) -> tuple[list[RankStep], float]:
     """Plan the global batch ``sources[source[i]]`` row ``row[i]`` (i in batch order) into R x M bins.
 
-    ``roles`` names the (items, timestamps) columns. Returns every rank's share and the planner's
-    wall time in seconds.
+    ``handles[s]`` is what a share names ``sources[s]`` by; ``roles`` names the (items, timestamps)
+    columns. Returns every rank's share and the planner's wall time in seconds.
     """
     lengths = np.empty(len(source), dtype=np.int64)  # (n,)
     for s, src in enumerate(sources):
@@ -70,19 +78,23 @@ def plan_step(
         raise ValueError(f"step {step}: cannot plan its {len(lengths)} samples: {exc}") from exc
     seconds = time.perf_counter() - started
     order, bins = plan.groups()  # (n,) batch positions grouped by bin; (R*M + 1,) bin offsets
-    grouped = gather(sources, source[order], row[order])
     M = config.microbatches
     shares = []
     for rank in range(config.ranks):
         first, last = int(bins[rank * M]), int(bins[(rank + 1) * M])
+        mine = order[first:last]  # (n_rank,) batch positions of the rank's rows, by microbatch
+        used, compact = np.unique(source[mine], return_inverse=True)  # only the sources it reads
         shares.append(
             RankStep(
                 step=step,
                 rank=rank,
                 cursor=cursor,
-                rows=grouped.slice(first, last),
+                sources=[handles[s] for s in used.tolist()],
+                source=compact.astype(np.int64),
+                row=row[mine],
                 bounds=bins[rank * M : (rank + 1) * M + 1] - first,
                 costs=plan.loads[rank].astype(np.float64),
+                dtypes=dtypes,
                 items=roles[0],
                 timestamps=roles[1],
             )

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from loader.assemble import RankStep
+from loader.rows import gather
 
 
 @dataclass
@@ -49,14 +50,18 @@ class Microbatch:
 
 
 def microbatches(share: RankStep, *, pin_memory: bool = False) -> list[Microbatch]:
-    """The M microbatches of one rank's step as torch tensors (views of one buffer per column).
+    """The M microbatches of one rank's step, gathered from its sources into fresh torch tensors
+    (one buffer per column, pinned if asked; each microbatch a view). ``share.sources`` must be
+    :class:`loader.rows.Rows` by now (the Ray client fetches them)."""
 
-    Arrays that are read-only (zero-copy from Ray's object store) or must be pinned are copied once.
-    """
-    rows = share.rows
-    user_ids = _tensor(rows.user_ids, pin_memory)
-    offsets = _tensor(rows.offsets, False)  # rebased per microbatch below
-    events = {name: _tensor(values, pin_memory) for name, values in rows.events.items()}
+    def empty(size: int, dtype: np.dtype) -> np.ndarray:
+        tensor_dtype = torch.from_numpy(np.empty(0, dtype=dtype)).dtype
+        return torch.empty(size, dtype=tensor_dtype, pin_memory=pin_memory).numpy()
+
+    rows = gather(share.sources, share.source, share.row, share.dtypes, empty=empty)
+    user_ids = torch.from_numpy(rows.user_ids)
+    offsets = torch.from_numpy(rows.offsets)
+    events = {name: torch.from_numpy(values) for name, values in rows.events.items()}
     out = []
     for j in range(len(share.costs)):
         a, b = int(share.bounds[j]), int(share.bounds[j + 1])
@@ -78,14 +83,3 @@ def microbatches(share: RankStep, *, pin_memory: bool = False) -> list[Microbatc
             )
         )
     return out
-
-
-def _tensor(array: np.ndarray, pin_memory: bool) -> torch.Tensor:
-    if pin_memory:
-        dtype = torch.from_numpy(np.empty(0, dtype=array.dtype)).dtype
-        out = torch.empty(array.shape, dtype=dtype, pin_memory=True)
-        out.numpy()[...] = array
-        return out
-    if not array.flags.writeable or not array.flags.c_contiguous:
-        array = np.array(array)  # torch tensors must own writable memory
-    return torch.from_numpy(array)

@@ -2,22 +2,25 @@
 
 Both backends drive an :class:`EpochRun` the same way; only who reads the row groups differs::
 
-    run = EpochRun(index, config, epoch=e, start=Resume(step, cursor))
+    run = EpochRun(index, config, epoch=e, start=Resume(step, cursor), store=...)
     for block in run.blocks():
         chunks = [read_unit(index, u, ...) for u in run.units(block)]  # any reader, any order
-        for step in run.feed(block, chunks): ...                     # PlannedStep, in step order
+        for step in run.feed(block, chunks, handles): ...            # PlannedStep, in step order
     for step in run.finish(): ...
+
+Shares name their rows' sources by *handle*: the chunk itself in-process, the reader's object ref
+with Ray (``handles``), and ``store(rows)`` for rows carried over from an earlier block.
 
 A step's membership is decided by the order of *valid* rows, so it never depends on timing: the
 rows of a block are visited in epoch order, invalid ones are counted under their reason, and a
 batch closes at its ``samples_per_step``-th valid row. Valid rows left over at the end of a block
-are copied out (fewer than one batch) and wait for the next block, so only one block of chunks is
-held at a time. Resuming at a step boundary needs only (step, cursor): nothing is pending there.
+are copied out (fewer than one batch) and wait for the next block, so a block's chunks are let go
+once the steps that read them are consumed. Resuming at a step boundary needs only (step, cursor): nothing is pending there.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,8 +57,17 @@ class PlannedStep:
 class EpochRun:
     """The steps of epoch ``epoch`` from ``start`` on; see the module docstring."""
 
-    def __init__(self, index: SourceIndex, config: LoaderConfig, *, epoch: int, start: Resume = Resume()) -> None:
+    def __init__(
+        self,
+        index: SourceIndex,
+        config: LoaderConfig,
+        *,
+        epoch: int,
+        start: Resume = Resume(),
+        store: Callable[[Rows], object] = lambda rows: rows,
+    ) -> None:
         self.index = index
+        self.store = store
         self.config = config
         self.epoch = epoch
         self.unit_rows = np.array([u.rows for u in index.units], dtype=np.int64)
@@ -67,8 +79,9 @@ class EpochRun:
         self.start = start
         self.step = start.step
         self.cursor = start.cursor  # first position not yet visited
-        dtypes = {column: np.dtype(t.to_pandas_dtype()) for column, t in index.lists}
-        self.pending = Rows.empty(dtypes)  # valid rows visited but not yet in a batch
+        self.dtypes = {column: np.dtype(t.to_pandas_dtype()) for column, t in index.lists}
+        self.pending = Rows.empty(self.dtypes)  # valid rows visited but not yet in a batch
+        self.pending_handle = None
         self.pending_counts = Counts()  # what the order passed since the last step closed
         self.tail = Counts()  # set by finish(): what the order passed after the last step
 
@@ -80,8 +93,9 @@ class EpochRun:
         """Unit ids to read for ``block``, in the order :meth:`feed` wants their chunks."""
         return self.order.units_of(block).tolist()
 
-    def feed(self, block: int, chunks: list[Chunk]) -> Iterator[PlannedStep]:
-        """Visit the block's rows (from the cursor on) given its units' chunks; yield closed steps."""
+    def feed(self, block: int, chunks: list[Chunk], handles: list | None = None) -> Iterator[PlannedStep]:
+        """Visit the block's rows (from the cursor on) given its units' chunks (and the handles
+        shares name their rows by, default the chunks' rows); yield closed steps."""
         member, row = self.order.rows_of(block, self.unit_rows)  # (n,) each, in epoch order
         begin = int(self.order.block_starts[block])
         skip = self.cursor - begin  # positions of this block visited before a resume
@@ -94,6 +108,7 @@ class EpochRun:
         positions = np.flatnonzero(status == VALID)  # (v,)
         # sources: 0 = rows pending from earlier blocks, 1 + k = chunk k's valid rows
         sources = [self.pending, *(c.rows for c in chunks)]
+        handles = [self.pending_handle, *(handles or [c.rows for c in chunks])]
         new_source, new_row = member[positions] + 1, valid_id[flat[positions]]  # (v,) each
         old = len(self.pending)
         ends = cut_batches(status == VALID, pending=old, size=self.config.samples_per_step)
@@ -107,14 +122,16 @@ class EpochRun:
             batch_row = np.concatenate([np.arange(old, dtype=np.int64), new_row[first:last]])
             self.pending_counts, old = Counts(), 0
             self.cursor = begin + skip + end
-            yield self._plan(sources, batch_source, batch_row, counts)
+            yield self._plan(sources, handles, batch_source, batch_row, counts)
             start, first = end, last
         self._visit(self.pending_counts, status[start:], sources, new_source[first:], new_row[first:])
         self.pending = gather(
             sources,
             np.concatenate([np.zeros(old, np.int64), new_source[first:]]),
             np.concatenate([np.arange(old, dtype=np.int64), new_row[first:]]),
+            self.dtypes,
         )
+        self.pending_handle = self.store(self.pending) if len(self.pending) else None
         self.cursor = int(self.order.block_starts[block + 1])
 
     def finish(self) -> Iterator[PlannedStep]:
@@ -127,7 +144,8 @@ class EpochRun:
         counts, self.pending_counts = self.pending_counts, Counts()
         if n and not self.config.drop_last:
             counts.delivered += n
-            yield self._plan([self.pending], np.zeros(n, np.int64), np.arange(n, dtype=np.int64), counts)
+            yield self._plan([self.pending], [self.pending_handle], np.zeros(n, np.int64),
+                             np.arange(n, dtype=np.int64), counts)
             return
         counts.skip(DROP_LAST, n)  # these rows were counted as truncated when visited; undo that
         counts.truncated_rows -= int(np.count_nonzero(self.pending.cut))
@@ -145,10 +163,11 @@ class EpochRun:
             counts.truncated_rows += int(np.count_nonzero(cut))
             counts.truncated_events += int(cut.sum())
 
-    def _plan(self, sources: list[Rows], source: np.ndarray, row: np.ndarray, counts: Counts) -> PlannedStep:
+    def _plan(self, sources: list[Rows], handles: list, source: np.ndarray, row: np.ndarray,
+              counts: Counts) -> PlannedStep:
         shares, seconds = plan_step(
-            sources, source, row, step=self.step, cursor=self.cursor, config=self.config,
-            roles=(self.index.columns.items, self.index.timestamps),
+            sources, handles, source, row, step=self.step, cursor=self.cursor, config=self.config,
+            dtypes=self.dtypes, roles=(self.index.columns.items, self.index.timestamps),
         )
         planned = PlannedStep(self.epoch, self.step, self.cursor, shares, counts, seconds)
         self.step += 1

@@ -1,13 +1,20 @@
 """``backend="ray"``: reader actors and a named coordinator actor, thin shells over the pure stages.
 
-- :class:`Reader` actors (default one per available CPU, ``SPREAD`` over the nodes, restartable)
-  each own the units ``u % num_readers == i`` and return cleaned chunks through the object store.
-- :class:`Coordinator` wraps :class:`loader.service.Service`: it reads units through the readers
-  (re-issuing a read whose reader died: reads are pure, so nothing is lost or repeated), plans
-  each step and ``ray.put``\\ s every rank's share. It is named after the loader's ``name`` in the
-  ``freescale`` namespace, so trainer processes constructing the loader with the same arguments
-  and ``name`` attach to the same one; the last to ``close()`` kills it (and so its readers).
-- :class:`RayClient` is what a :class:`loader.SequenceLoader` holds in each trainer process.
+- :class:`Reader` actors (default one per available CPU, pinned round-robin to the nodes that have
+  CPUs: Ray's SPREAD and soft affinity do not reliably spread zero-CPU actors; restartable; a
+  reader whose node is lost stays dead and the others take its reads)
+  decode, validate and truncate row groups, returning each as two objects in the object store:
+  the row statuses and the valid rows (numpy buffers).
+- :class:`Coordinator` wraps :class:`loader.service.Service`: it hands each row group to the reader
+  with the fewest reads in flight (re-issuing a read whose reader died: reads are pure, so
+  nothing is lost or repeated), cuts and plans each step from statuses and lengths, and queues
+  every rank's share: object refs plus row indices, never the events themselves. It is named after
+  the loader's ``name`` in the ``freescale`` namespace, so trainer processes constructing the
+  loader with the same arguments and ``name`` attach to the same one; the last to ``close()``
+  kills it (and so its readers, and the objects it owns).
+- :class:`RayClient` is what a :class:`loader.SequenceLoader` holds in each trainer process: it
+  fetches a share's objects (zero-copy on the same node) and gathers its rows into torch tensors.
+  After decoding, an event is copied twice: into the object store, and into the trainer's tensor.
 
 The coordinator is owned by the process that created it: that process must outlive the others'
 use of it (Ray kills a non-detached actor with its owner's job).
@@ -19,14 +26,17 @@ import asyncio
 import time
 import warnings
 
+import numpy as np
 import ray
 from ray.exceptions import ObjectLostError, RayActorError, RayTaskError, WorkerCrashedError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from loader.assemble import RankStep, warm_up
 from loader.clean import Chunk
 from loader.config import LoaderConfig
 from loader.pipeline import Resume
 from loader.read import read_unit
+from loader.rows import Rows
 from loader.service import RunKey, Service
 from loader.sources import SourceIndex
 
@@ -36,6 +46,14 @@ READ_ATTEMPTS = 10  # per unit, over restarts and other readers
 _POLL_S = 5.0  # a blocking call returns "wait" after this long, so the caller can warn
 _WARN_AFTER_S = 30.0
 _LOST = (RayActorError, ObjectLostError, WorkerCrashedError)
+
+
+def reader_nodes() -> list[str]:
+    """Ids of the alive nodes readers go to, round-robin: those with CPUs (a head node started with
+    ``--num-cpus=0`` is kept free), or every alive node if none has any."""
+    alive = [n for n in ray.nodes() if n.get("Alive")]
+    with_cpus = [n for n in alive if n.get("Resources", {}).get("CPU", 0) > 0]
+    return sorted(n["NodeID"] for n in (with_cpus or alive))
 
 
 def coordinator_name(name: str) -> str:
@@ -51,8 +69,10 @@ class Reader:
         self.max_seq_len = max_seq_len
         self.skip_corrupt = skip_corrupt
 
-    def read(self, unit: int) -> Chunk:
-        return read_unit(self.index, unit, max_seq_len=self.max_seq_len, skip_corrupt=self.skip_corrupt)
+    @ray.method(num_returns=2)
+    def read(self, unit: int) -> tuple[np.ndarray, Rows]:
+        chunk = read_unit(self.index, unit, max_seq_len=self.max_seq_len, skip_corrupt=self.skip_corrupt)
+        return chunk.status, chunk.rows
 
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()
@@ -66,13 +86,16 @@ class Coordinator:
         self.index = index
         self.fingerprint = fingerprint
         self.attached = 0
+        nodes = reader_nodes()
         self.readers = [
-            Reader.options(scheduling_strategy="SPREAD", max_restarts=READER_RESTARTS).remote(
-                index, config.max_seq_len, config.skip_corrupt
-            )
-            for _ in range(num_readers)
+            Reader.options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(nodes[i % len(nodes)], soft=False),
+                max_restarts=READER_RESTARTS,
+            ).remote(index, config.max_seq_len, config.skip_corrupt)
+            for i in range(num_readers)
         ]
-        self.service = Service(index, config, fetch=self._fetch, publish=ray.put, readahead=2 * num_readers)
+        self.busy = [0] * num_readers  # reads in flight per reader
+        self.service = Service(index, config, fetch=self._fetch, store=ray.put, readahead=2 * num_readers)
         warm_up(config)
 
     async def attach(self, fingerprint: int, name: str) -> None:
@@ -106,19 +129,26 @@ class Coordinator:
     async def reader_nodes(self) -> list[str]:
         return await asyncio.gather(*(r.node_id.remote() for r in self.readers))
 
-    async def _fetch(self, unit: int) -> Chunk:
-        """Read ``unit`` through its owner; if that reader died, again (after its restart), then
-        through the others in turn."""
-        owner = unit % len(self.readers)
+    async def _fetch(self, unit: int) -> tuple[Chunk, ray.ObjectRef]:
+        """Read ``unit`` on the least busy reader; if that reader died, on the least busy of the
+        others (the dead one restarts meanwhile). Returns the chunk and the ref of its rows."""
+        tried: set[int] = set()
         for attempt in range(READ_ATTEMPTS):
-            reader = self.readers[(owner + attempt // 2) % len(self.readers)]
+            untried = [i for i in range(len(self.readers)) if i not in tried] or list(range(len(self.readers)))
+            owner = min(untried, key=lambda i: (self.busy[i], i))
+            self.busy[owner] += 1
             try:
-                return await reader.read.remote(unit)
+                status_ref, rows_ref = self.readers[owner].read.remote(unit)
+                status, rows = await asyncio.gather(status_ref, rows_ref)
+                return Chunk(status=status, rows=rows), rows_ref
             except RayTaskError as exc:  # the read itself failed: a real error, not a lost reader
                 raise exc.cause from None
             except _LOST as exc:
                 lost = exc
+                tried.add(owner)
                 await asyncio.sleep(min(0.1 * 2**attempt, 2.0))
+            finally:
+                self.busy[owner] -= 1
         raise RuntimeError(
             f"{self.index.describe(unit)}: {READ_ATTEMPTS} reads failed because reader actors died "
             f"({lost}); check the readers' logs (memory, node failures)"
@@ -167,6 +197,8 @@ class RayClient:
             return
         if remaining <= 0:
             ray.kill(self.coordinator)
+            if self.config.name is not None:  # free the name before a new loader may reuse it
+                _wait_name_released(coordinator_name(self.config.name))
 
 
 class RayStream:
@@ -200,7 +232,8 @@ class RayStream:
             if kind == "end":
                 continue
             self.ahead[rank] = self._request(rank)
-            shares[rank] = ray.get(value)
+            value.sources = ray.get(value.sources)  # the rows it reads: zero-copy on this node
+            shares[rank] = value
         return shares or None
 
     def close(self) -> None:
@@ -214,6 +247,16 @@ class RayStream:
     def _request(self, rank: int):
         return self.coordinator.next.remote(rank, self.run_id, _POLL_S)
 
+
+
+def _wait_name_released(name: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            ray.get_actor(name, namespace=NAMESPACE)
+        except ValueError:  # no actor of that name any more
+            return
+        time.sleep(0.05)
 
 
 def _warn_once(why: str, since: float, warned: bool) -> bool:

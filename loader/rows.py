@@ -6,6 +6,7 @@ of every list column carried (items, timestamps and per-event features, by file 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,14 +53,22 @@ class Rows:
         )
 
 
-def gather(sources: list[Rows], source: np.ndarray, row: np.ndarray) -> Rows:
+def gather(
+    sources: list[Rows],
+    source: np.ndarray,
+    row: np.ndarray,
+    dtypes: dict[str, np.dtype],
+    *,
+    empty: Callable[[int, np.dtype], np.ndarray] = np.empty,
+) -> Rows:
     """Output row i is ``sources[source[i]]``'s row ``row[i]`` (source, row: int (n,)).
 
-    Every source must carry the same event columns with the same dtypes.
+    Every source carries the event columns ``dtypes``; ``empty(size, dtype)`` allocates each output
+    array (the trainer side passes one that returns views of torch tensors, pinned if asked).
     """
     n = len(source)
     lengths = np.empty(n, dtype=np.int64)
-    user_ids = np.empty(n, dtype=np.int64)
+    user_ids = empty(n, np.dtype(np.int64))
     cut = np.empty(n, dtype=np.int64)
     # groups: output positions grouped by source, ascending inside each group
     by_source = np.argsort(source, kind="stable")
@@ -71,11 +80,12 @@ def gather(sources: list[Rows], source: np.ndarray, row: np.ndarray) -> Rows:
         lengths[out] = sources[s].offsets[picked + 1] - sources[s].offsets[picked]
         user_ids[out] = sources[s].user_ids[picked]
         cut[out] = sources[s].cut[picked]
-    offsets = np.zeros(n + 1, dtype=np.int64)
+    offsets = empty(n + 1, np.dtype(np.int64))
+    offsets[0] = 0
     np.cumsum(lengths, out=offsets[1:])
     events = {}
-    for name, values in sources[0].events.items():
-        dst = np.empty(int(offsets[-1]), dtype=values.dtype)
+    for name, dtype in dtypes.items():
+        dst = empty(int(offsets[-1]), np.dtype(dtype))
         for s, out in groups:
             src = sources[s]
             copy_ranges(src.events[name], src.offsets[row[out]], lengths[out], dst, offsets[out])

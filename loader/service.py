@@ -1,7 +1,9 @@
 """The coordinator's logic as plain asyncio: runs, per-rank bounded queues, backpressure, stats.
 
 No Ray here: the Ray coordinator actor is a thin shell that passes in how to read a unit (reader
-actors) and how to publish a rank's step (``ray.put``), and tests drive this class directly.
+actors; a chunk and the object ref shares name it by) and how to store carried-over rows
+(``ray.put``), and tests drive this class directly. Shares hold handles, not event data: queues
+stay small, and trainers gather their rows from the readers' objects themselves.
 
 A *run* is one pass over an epoch from a resume point, keyed by :class:`RunKey`. Ranks join it
 with :meth:`Service.open` (trainer processes that loaded the same state pass the same key and
@@ -23,10 +25,10 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 
-from loader.assemble import RankStep
 from loader.clean import Chunk
 from loader.config import LoaderConfig
 from loader.pipeline import EpochRun, PlannedStep, Resume
+from loader.rows import Rows
 from loader.sources import SourceIndex
 from loader.stats import Stats
 
@@ -59,9 +61,9 @@ class _Run:
 class Service:
     """Serves per-rank steps of one loader; see the module docstring.
 
-    ``fetch(unit)`` reads one unit into a Chunk (awaitable; any reader, any order); ``publish``
-    turns a RankStep into what :meth:`next` hands out (called in a worker thread); at most
-    ``readahead`` units beyond the current block are read ahead.
+    ``fetch(unit)`` reads one unit: awaitable (chunk, handle shares name its rows by), any reader,
+    any order; ``store(rows)`` gives the handle of rows carried over to the next block (called in a
+    worker thread); at most ``readahead`` units beyond the current block are read ahead.
     """
 
     def __init__(
@@ -69,14 +71,14 @@ class Service:
         index: SourceIndex,
         config: LoaderConfig,
         *,
-        fetch: Callable[[int], Awaitable[Chunk]],
-        publish: Callable[[RankStep], object],
+        fetch: Callable[[int], Awaitable[tuple[Chunk, object]]],
+        store: Callable[[Rows], object],
         readahead: int,
     ) -> None:
         self.index = index
         self.config = config
         self.fetch = fetch
-        self.publish = publish
+        self.store = store
         self.readahead = readahead
         self.stats = Stats(index.skipped_files)
         self.run: _Run | None = None
@@ -106,7 +108,7 @@ class Service:
                 return "wait", f"{key} waits until every rank has finished {run.key}: {self._describe(run)}"
 
     async def next(self, rank: int, run_id: int, timeout: float) -> tuple[str, object]:
-        """The rank's next message: ``("step", published RankStep)``, ``("end", None)``,
+        """The rank's next message: ``("step", RankStep)``, ``("end", None)``,
         ``("error", exception)``, or ``("wait", why)`` after ``timeout`` seconds without a step."""
         run = self.run
         if run is None or run.id != run_id or rank in run.finished:
@@ -147,15 +149,15 @@ class Service:
         inflight: deque[asyncio.Future] = deque()
         try:
             epoch_run = EpochRun(self.index, self.config, epoch=run.key.epoch,
-                                 start=Resume(run.key.step, run.key.cursor))
+                                 start=Resume(run.key.step, run.key.cursor), store=self.store)
             blocks = epoch_run.blocks()
             sequence = (unit for block in blocks for unit in epoch_run.units(block))
             for block in blocks:
                 need = len(epoch_run.units(block))
                 for unit in itertools.islice(sequence, max(0, need + self.readahead - len(inflight))):
                     inflight.append(asyncio.ensure_future(self.fetch(unit)))
-                chunks = [await inflight.popleft() for _ in range(need)]
-                await self._deliver(run, epoch_run.feed(block, chunks))
+                chunks, handles = zip(*[await inflight.popleft() for _ in range(need)])
+                await self._deliver(run, epoch_run.feed(block, list(chunks), list(handles)))
             await self._deliver(run, epoch_run.finish())
             self.stats.record(run.key.epoch, "end", epoch_run.tail)
             for rank in range(self.config.ranks):
@@ -175,22 +177,15 @@ class Service:
                 future.cancel()
 
     async def _deliver(self, run: _Run, steps: Iterator[PlannedStep]) -> None:
-        """Plan and publish each step in a worker thread, then queue every rank's share."""
-        while (item := await asyncio.to_thread(self._plan_next, steps)) is not None:
-            planned, payloads = item
+        """Plan each step in a worker thread, then queue every rank's share."""
+        while (planned := await asyncio.to_thread(next, steps, None)) is not None:
             self.stats.record(planned.epoch, planned.step, planned.counts, planned.planner_seconds)
             run.produced = planned.step + 1
-            for rank, payload in enumerate(payloads):
+            for rank, share in enumerate(planned.shares):
                 if rank not in run.finished:
                     run.blocked_on = rank
-                    await run.queues[rank].put(("step", payload))
+                    await run.queues[rank].put(("step", share))
             run.blocked_on = None
-
-    def _plan_next(self, steps: Iterator[PlannedStep]) -> tuple[PlannedStep, list] | None:
-        planned = next(steps, None)
-        if planned is None:
-            return None
-        return planned, [self.publish(share) for share in planned.shares]
 
     def _describe(self, run: _Run) -> str:
         never = sorted(set(range(self.config.ranks)) - run.joined)

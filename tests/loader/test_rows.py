@@ -39,7 +39,8 @@ def test_gather_picks_rows_from_many_sources(data):
     sources = [_rows(data.draw(st.lists(history, min_size=1, max_size=5)), 100 * k) for k in range(3)]
     picks = data.draw(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 4)), max_size=12))
     picks = [(s, r % len(sources[s])) for s, r in picks]
-    out = gather(sources, np.array([s for s, _ in picks], dtype=np.int64), np.array([r for _, r in picks], dtype=np.int64))
+    out = gather(sources, np.array([s for s, _ in picks], dtype=np.int64), np.array([r for _, r in picks], dtype=np.int64),
+                 {"item_ids": np.dtype(np.int64)})
     assert out.user_ids.tolist() == [int(sources[s].user_ids[r]) for s, r in picks]
     assert out.cut.tolist() == [int(sources[s].cut[r]) for s, r in picks]
     for i, (s, r) in enumerate(picks):

@@ -7,12 +7,13 @@ import pytest
 
 from loader.config import LoaderConfig
 from loader.inline import InlineClient
+from loader.microbatch import microbatches
 from loader.pipeline import Resume
 from loader.read import read_unit
 from loader.service import RunKey, Service
 from loader.sources import index_source
 
-from .helpers import synth
+from .helpers import record, synth
 
 
 @pytest.fixture(scope="module")
@@ -26,9 +27,10 @@ def _service(index, *, fetch=None, **kwargs):
 
     async def read(unit):
         await asyncio.sleep(random.random() * 0.01)  # reads finish in any order
-        return read_unit(index, unit, max_seq_len=None, skip_corrupt=False)
+        chunk = read_unit(index, unit, max_seq_len=None, skip_corrupt=False)
+        return chunk, chunk.rows
 
-    return Service(index, config, fetch=fetch or read, publish=lambda share: share, readahead=4), config
+    return Service(index, config, fetch=fetch or read, store=lambda rows: rows, readahead=4), config
 
 
 async def _take(service, rank, run_id, timeout=5.0):
@@ -49,14 +51,14 @@ def test_steps_equal_inline_whatever_order_reads_finish(index):
             steps.append([value for _, value in shares])
 
     steps, config = asyncio.run(main())
-    inline = InlineClient(index, config).open((0, 1), 0, Resume())
+    client = InlineClient(index, config)
+    inline = client.open((0, 1), 0, Resume())
     for shares in steps:
         expected = inline.next_step()
         for rank, share in enumerate(shares):
-            assert share.rows.user_ids.tolist() == expected[rank].rows.user_ids.tolist()
-            assert share.rows.offsets.tolist() == expected[rank].rows.offsets.tolist()
-            assert share.bounds.tolist() == expected[rank].bounds.tolist()
+            assert [record(mb) for mb in microbatches(share)] == [record(mb) for mb in microbatches(expected[rank])]
     assert inline.next_step() is None and len(steps) == 16
+    client.close()
 
 
 def test_a_slow_rank_bounds_the_queues_but_not_the_fast_rank(index):
