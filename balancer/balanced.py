@@ -50,8 +50,6 @@ REFINE_WORK_PER_SAMPLE = 256
 # Refinement stops when every bin is within this fraction of its level (exactly at it where the
 # level is the costliest sample's cost: that bound is always reachable and is the plan's peak).
 REFINE_TOLERANCE = 1e-4
-# Partner bins (lightest first) tried for each improvement of the worst bin.
-REFINE_PARTNERS = 32
 # Spare capacity of the columns below the top level: discrete samples cannot fill every bin exactly,
 # and the overshoot belongs in the lighter columns, never above the costliest sample.
 LEVEL_SLACK = 2e-4
@@ -154,7 +152,7 @@ def _refined(problem: Problem, bins: np.ndarray, columns: np.ndarray, levels: np
     refine(
         bins, problem.costs, problem.lengths, problem.microbatches, columns, levels, problem.token_cap(),
         quotas, lo, n_extra, REFINE_STEPS_PER_BIN * problem.n_bins, REFINE_WORK_PER_SAMPLE * max(problem.n, problem.n_bins),
-        REFINE_TOLERANCE, REFINE_PARTNERS, costliest,
+        REFINE_TOLERANCE, costliest,
     )
     return bins
 

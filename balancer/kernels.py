@@ -9,13 +9,13 @@ so the tie-breaking rules below are part of the contract:
   ``(load + cost) / level`` (ties: lowest bin id, then column); feasible = the token cap holds and,
   with rank quotas, the bin's rank still has room.
 - ``refine``: local search on the bin furthest over its threshold (first of equals): for partners
-  (with rank quotas first the other bins of its rank, then the ``max_partners`` lightest) in ascending
-  excess order (ties: lowest bin id), find the move (x from b to t) or swap (x in b with y in t) that
-  lowers the pair's maximum the most; first strictly-best wins, scanning x by (cost, index), a move
-  before the swaps of the same x, swaps by ascending (cost, index) of y. The first partner that admits
-  an improvement is taken; a bin no partner can help is set aside until the next accepted step. Stops
-  when no bin over its threshold is left, or after ``max_iters`` accepted steps (the kernel also stops
-  when its work budget is spent).
+  (with rank quotas first the other bins of its rank, then) every lighter bin in ascending excess
+  order (ties: lowest bin id), find the move (x from b to t) or swap (x in b with y in t) that lowers
+  the pair's maximum the most; first strictly-best wins, scanning x by (cost, index), a move before
+  the swaps of the same x, swaps by ascending (cost, index) of y. The first partner that admits an
+  improvement is taken; a bin no partner can help is set aside until the next accepted step. Stops
+  when no bin over its threshold is left, or after ``max_iters`` accepted steps (the kernel also
+  stops when its work budget is spent).
 
 Bins are ``b = rank * microbatches + slot``; rank quotas (``equal_count``) allow ``lo`` samples per
 rank, ``hi = lo + 1`` for at most ``n_extra`` ranks.
@@ -291,6 +291,9 @@ def _pair_score(eb, lb, hb, tb, lt, ht, tt, d):
     return eb - max((lb - d) / hb - tb, (lt + d) / ht - tt)
 
 
+_PARTNER_BATCH = 32  # refine tries the lightest bins first and sorts them all only if none helps
+
+
 @njit(cache=True, nogil=True)
 def _lightest(excess, k):
     """The ``k`` bins of lowest ``(excess, bin id)``, in that order: int64 (min(k, bins),), in O(bins * k)
@@ -360,38 +363,15 @@ def _best_step(b, t, xs, ys, excess, loads, level, threshold, tokens, costs, len
 
 
 @njit(cache=True, nogil=True)
-def _partners_of(b, lightest, excess, microbatches, quotas):
-    """Partners tried for bin ``b``, in order: with rank quotas (where only swaps may cross ranks) the
-    other bins of b's rank by ascending (excess, id), then the ``lightest`` bins not among them."""
-    if not quotas:
-        return lightest
-    first = (b // microbatches) * microbatches
-    own = np.empty(microbatches - 1, dtype=np.int64)
-    n = 0
-    for u in range(first, first + microbatches):
-        if u != b:
-            own[n] = u
-            n += 1
-    own = own[np.argsort(excess[own], kind="mergesort")]
-    out = np.empty(own.shape[0] + lightest.shape[0], dtype=np.int64)
-    out[: own.shape[0]] = own
-    n = own.shape[0]
-    for u in lightest:
-        if u // microbatches != b // microbatches:
-            out[n] = u
-            n += 1
-    return out[:n]
-
-
-@njit(cache=True, nogil=True)
 def refine(bins, costs, lengths, microbatches, column_of_bin, levels, token_cap, quotas, lo, n_extra, max_iters,
-           max_work, tolerance, max_partners, exact_level):
-    """Lowers the max excess (load / level - threshold) over bins by moves and swaps; ``bins`` in place.
+           max_work, tolerance, exact_level):
+    """Lowers the max excess (load - threshold, in cost units) over bins by moves and swaps; ``bins``
+    in place.
 
     Returns the number of accepted steps. Works on the bin furthest over its threshold: ``level`` for
     bins whose level is ``exact_level`` (the costliest sample: reachable, and the plan's lower bound),
-    ``level * (1 + tolerance)`` for the rest, but never above ``exact_level``. A bin that none of its
-    partners can help is set aside until a step changes one of them (the same plan as re-examining
+    ``level * (1 + tolerance)`` for the rest, but never above ``exact_level``. A bin that no lighter
+    bin can help is set aside until a step changes one of them (the same plan as re-examining
     every set-aside bin after each step, without the quadratic cost); stops when no bin over its
     threshold is left, after ``max_iters`` accepted steps, or once ``max_work`` is spent (a bin scan
     costs the number of bins, a pair's examination the sizes of both bins): the plan then is the one
@@ -401,8 +381,11 @@ def refine(bins, costs, lengths, microbatches, column_of_bin, levels, token_cap,
     n = costs.shape[0]
     n_bins = column_of_bin.shape[0]
     level = levels[column_of_bin]  # (n_bins,)
-    # (n_bins,) on load / level: 1 + tolerance, but no bin may pass the costliest sample's cost
-    threshold = np.where(level > exact_level, 1.0 + tolerance, np.minimum(1.0 + tolerance, exact_level / level))
+    # (n_bins,) cost each bin may reach: level * (1 + tolerance), never past the costliest sample
+    # where the level is below it. Excess = load - threshold, in cost units (what a lockstep step
+    # waits for), so ``level`` below is 1 for every bin.
+    threshold = np.where(level > exact_level, level * (1.0 + tolerance), np.minimum(level * (1.0 + tolerance), exact_level))
+    level = np.ones(n_bins)
     loads = np.zeros(n_bins, dtype=np.float64)
     tokens = np.zeros(n_bins, dtype=np.int64)
     rank_counts = np.zeros(max(n_bins // microbatches, 1), dtype=np.int64)
@@ -427,18 +410,39 @@ def refine(bins, costs, lengths, microbatches, column_of_bin, levels, token_cap,
         if stuck[b] or excess[b] <= 0.0:
             break
         xs = _members(head, nxt, b, costs)
-        partners = _lightest(excess, max_partners)
         work += n_bins
         best_x, best_y, t = -1, -1, -1
-        for t in _partners_of(b, partners, excess, microbatches, quotas):
-            if excess[t] >= excess[b]:
-                continue  # cannot take load from b
-            ys = _members(head, nxt, t, costs)
-            work += xs.shape[0] + ys.shape[0]
-            score, best_x, best_y = _best_step(b, t, xs, ys, excess, loads, level, threshold, tokens, costs,
-                                               lengths, rank_counts, microbatches, token_cap, quotas, lo)
-            if best_x >= 0:
+        rb = b // microbatches
+        if quotas:  # the other bins of b's rank first: moves may not cross ranks
+            first = rb * microbatches
+            own = np.arange(first, first + microbatches)
+            for t in own[np.argsort(excess[own], kind="mergesort")]:
+                if t != b and excess[t] < excess[b]:
+                    ys = _members(head, nxt, t, costs)
+                    work += xs.shape[0] + ys.shape[0]
+                    _, best_x, best_y = _best_step(b, t, xs, ys, excess, loads, level, threshold, tokens, costs,
+                                                   lengths, rank_counts, microbatches, token_cap, quotas, lo)
+                    if best_x >= 0:
+                        break
+        # then every lighter bin, lightest first: a batch of the lightest, the full order only if needed
+        lightest = _lightest(excess, _PARTNER_BATCH)
+        for phase in range(2):
+            if best_x >= 0 or (phase == 1 and (lightest.shape[0] == n_bins or excess[lightest[-1]] >= excess[b])):
                 break
+            scan = lightest if phase == 0 else np.argsort(excess, kind="mergesort")[lightest.shape[0]:]
+            if phase == 1:
+                work += n_bins * 8  # the sort
+            for t in scan:
+                if excess[t] >= excess[b]:
+                    break  # ascending: none further can take load from b
+                if quotas and t // microbatches == rb:
+                    continue  # tried above
+                ys = _members(head, nxt, t, costs)
+                work += xs.shape[0] + ys.shape[0]
+                _, best_x, best_y = _best_step(b, t, xs, ys, excess, loads, level, threshold, tokens, costs,
+                                               lengths, rank_counts, microbatches, token_cap, quotas, lo)
+                if best_x >= 0:
+                    break
         if best_x < 0:
             stuck[b] = True
             n_stuck += 1
@@ -472,45 +476,36 @@ def refine(bins, costs, lengths, microbatches, column_of_bin, levels, token_cap,
             stuck[:] = False
             n_stuck = 0
             continue
-        # only pairs with a changed partner (b, t, or a bin that joined the lightest) can help now
-        after = _lightest(excess, max_partners)
-        n_changed = 0
-        for u in after:
-            if u == b or u == t or not np.any(partners == u):
-                after[n_changed] = u
-                n_changed += 1
-        changed = after[:n_changed]  # ascending excess
-        if quotas:  # b and t are also partners of the other bins of their ranks
-            changed = np.concatenate((changed, np.array([b, t])))
+        # only pairs with a bin the step changed can help a set-aside bin now
         work += n_bins
-        for s in range(n_bins):
-            if not stuck[s]:
+        for s_ in range(n_bins):
+            if not stuck[s_]:
                 continue
             xs = np.empty(0, dtype=np.int64)
-            for k in range(changed.shape[0]):
-                u = changed[k]
-                if u == s or excess[u] >= excess[s] or (k >= n_changed and u // microbatches != s // microbatches):
+            for u in (b, t):
+                if u == s_ or excess[u] >= excess[s_]:
                     continue
                 if xs.shape[0] == 0:
-                    xs = _members(head, nxt, s, costs)
+                    xs = _members(head, nxt, s_, costs)
                 ys = _members(head, nxt, u, costs)
                 work += xs.shape[0] + ys.shape[0]
-                if _best_step(s, u, xs, ys, excess, loads, level, threshold, tokens, costs, lengths, rank_counts,
+                if _best_step(s_, u, xs, ys, excess, loads, level, threshold, tokens, costs, lengths, rank_counts,
                               microbatches, token_cap, quotas, lo)[1] >= 0:
-                    stuck[s] = False
+                    stuck[s_] = False
                     n_stuck -= 1
                     break
     return steps
 
 
 def refine_ref(bins, costs, lengths, microbatches, column_of_bin, levels, token_cap, quotas, lo, n_extra, max_iters,
-               tolerance, max_partners, exact_level):
+               tolerance, exact_level):
     """Brute-force twin of ``refine`` without the work budget: every (x, y) pair of the worst bin and
     each partner, every set-aside bin re-examined after each step. A budgeted kernel run equals this
     one with ``max_iters`` = the steps the kernel returned."""
     n_bins = len(column_of_bin)
     level = np.asarray(levels)[column_of_bin]
-    threshold = np.where(level > exact_level, 1.0 + tolerance, np.minimum(1.0 + tolerance, exact_level / level))
+    threshold = np.where(level > exact_level, level * (1.0 + tolerance), np.minimum(level * (1.0 + tolerance), exact_level))
+    level = np.ones(n_bins)
     loads = np.zeros(n_bins)
     tokens = np.zeros(n_bins, dtype=np.int64)
     rank_counts = np.zeros(max(n_bins // microbatches, 1), dtype=np.int64)
@@ -528,10 +523,9 @@ def refine_ref(bins, costs, lengths, microbatches, column_of_bin, levels, token_
         eb, lb, hb, tb, rb = excess[b], loads[b], level[b], threshold[b], b // microbatches
         xs = sorted(np.flatnonzero(bins == b), key=lambda i: (costs[i], i))
         accepted = False
-        lightest = [int(t) for t in np.argsort(excess, kind="stable")[:max_partners]]
         own = sorted((t for t in range(rb * microbatches, (rb + 1) * microbatches) if t != b),
                      key=lambda t: (excess[t], t)) if quotas else []
-        for t in own + [t for t in lightest if t not in own and t != b]:
+        for t in own + [int(t) for t in np.argsort(excess, kind="stable") if t not in own and t != b]:
             lt, ht, tt, rt = loads[t], level[t], threshold[t], t // microbatches
             limit = (eb - excess[t]) * ht
             if limit <= 0.0:
