@@ -363,6 +363,27 @@ def _best_step(b, t, xs, ys, excess, loads, level, threshold, tokens, costs, len
 
 
 @njit(cache=True, nogil=True)
+def _first_step(b, xs, scan, skip_rank, state, rules):
+    """The first bin t in ``scan`` (ascending excess; bins of rank ``skip_rank`` skipped) with a step that
+    helps b: (t, x, y, work spent), x = -1 when none does."""
+    head, nxt, excess, loads, level, threshold, tokens, costs, lengths, rank_counts = state
+    microbatches, token_cap, quotas, lo = rules
+    work = 0
+    for t in scan:
+        if excess[t] >= excess[b]:
+            break  # ascending: none further can take load from b
+        if t // microbatches == skip_rank:
+            continue
+        ys = _members(head, nxt, t, costs)
+        work += xs.shape[0] + ys.shape[0]
+        _, x, y = _best_step(b, t, xs, ys, excess, loads, level, threshold, tokens, costs, lengths, rank_counts,
+                             microbatches, token_cap, quotas, lo)
+        if x >= 0:
+            return t, x, y, work
+    return -1, -1, -1, work
+
+
+@njit(cache=True, nogil=True)
 def refine(bins, costs, lengths, microbatches, column_of_bin, levels, token_cap, quotas, lo, n_extra, max_iters,
            max_work, tolerance, exact_level):
     """Lowers the max excess (load - threshold, in cost units) over bins by moves and swaps; ``bins``
@@ -411,38 +432,25 @@ def refine(bins, costs, lengths, microbatches, column_of_bin, levels, token_cap,
             break
         xs = _members(head, nxt, b, costs)
         work += n_bins
-        best_x, best_y, t = -1, -1, -1
         rb = b // microbatches
+        state = (head, nxt, excess, loads, level, threshold, tokens, costs, lengths, rank_counts)
+        rules = (microbatches, token_cap, quotas, lo)
+        t, best_x, best_y = -1, -1, -1
         if quotas:  # the other bins of b's rank first: moves may not cross ranks
-            first = rb * microbatches
-            own = np.arange(first, first + microbatches)
-            for t in own[np.argsort(excess[own], kind="mergesort")]:
-                if t != b and excess[t] < excess[b]:
-                    ys = _members(head, nxt, t, costs)
-                    work += xs.shape[0] + ys.shape[0]
-                    _, best_x, best_y = _best_step(b, t, xs, ys, excess, loads, level, threshold, tokens, costs,
-                                                   lengths, rank_counts, microbatches, token_cap, quotas, lo)
-                    if best_x >= 0:
-                        break
+            own = np.arange(rb * microbatches, (rb + 1) * microbatches)
+            t, best_x, best_y, spent = _first_step(b, xs, own[np.argsort(excess[own], kind="mergesort")], -1,
+                                                   state, rules)
+            work += spent
         # then every lighter bin, lightest first: a batch of the lightest, the full order only if needed
+        skip_rank = rb if quotas else -1
         lightest = _lightest(excess, _PARTNER_BATCH)
-        for phase in range(2):
-            if best_x >= 0 or (phase == 1 and (lightest.shape[0] == n_bins or excess[lightest[-1]] >= excess[b])):
-                break
-            scan = lightest if phase == 0 else np.argsort(excess, kind="mergesort")[lightest.shape[0]:]
-            if phase == 1:
-                work += n_bins * 8  # the sort
-            for t in scan:
-                if excess[t] >= excess[b]:
-                    break  # ascending: none further can take load from b
-                if quotas and t // microbatches == rb:
-                    continue  # tried above
-                ys = _members(head, nxt, t, costs)
-                work += xs.shape[0] + ys.shape[0]
-                _, best_x, best_y = _best_step(b, t, xs, ys, excess, loads, level, threshold, tokens, costs,
-                                               lengths, rank_counts, microbatches, token_cap, quotas, lo)
-                if best_x >= 0:
-                    break
+        if best_x < 0:
+            t, best_x, best_y, spent = _first_step(b, xs, lightest, skip_rank, state, rules)
+            work += spent
+        if best_x < 0 and lightest.shape[0] < n_bins and excess[lightest[-1]] < excess[b]:
+            rest = np.argsort(excess, kind="mergesort")[lightest.shape[0]:]
+            t, best_x, best_y, spent = _first_step(b, xs, rest, skip_rank, state, rules)
+            work += spent + 8 * n_bins  # and the sort
         if best_x < 0:
             stuck[b] = True
             n_stuck += 1

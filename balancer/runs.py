@@ -42,6 +42,18 @@ def _before(loads, a, b):
 
 
 @njit(cache=True, nogil=True, inline="always")
+def _first_after(buf, lo, hi, b, loads):
+    """First position in the sorted ``buf[lo:hi]`` whose bin sorts after bin ``b`` (binary search)."""
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if _before(loads, buf[mid], b):
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@njit(cache=True, nogil=True, inline="always")
 def _room(rank_counts, r, quotas, lo, n_at_hi, n_extra):
     return not quotas or rank_counts[r] < (lo + 1 if n_at_hi < n_extra else lo)
 
@@ -105,14 +117,7 @@ def ring_lpt(run_len, run_count, run_cost, n_bins, microbatches, token_cap, quot
                 m += 1
             if m > 0:
                 # served prefix (now heavier, still sorted) merges with the tail of the rest
-                u_lo, u_hi = h + m, h + n  # first rest bin sorting after the lightest served one
-                p0 = temp[0]
-                while u_lo < u_hi:
-                    mid = (u_lo + u_hi) >> 1
-                    if _before(loads, buf[mid], p0):
-                        u_lo = mid + 1
-                    else:
-                        u_hi = mid
+                u_lo = _first_after(buf, h + m, h + n, temp[0], loads)  # rest bins from here on sort after it
                 i, j, d = h + n - 1, m - 1, h + n + m - 1
                 while j >= 0:
                     if i >= u_lo and _before(loads, temp[j], buf[i]):
@@ -147,13 +152,7 @@ def ring_lpt(run_len, run_count, run_cost, n_bins, microbatches, token_cap, quot
             out[pos] = (b % n_ranks) * microbatches + b // n_ranks
             pos += 1
             left -= 1
-            lo_i, hi_i = i + 1, h + n  # first position in buf[i+1 : h+n] that sorts after b
-            while lo_i < hi_i:
-                mid = (lo_i + hi_i) >> 1
-                if _before(loads, buf[mid], b):
-                    lo_i = mid + 1
-                else:
-                    hi_i = mid
+            lo_i = _first_after(buf, i + 1, h + n, b, loads)
             for k in range(i, lo_i - 1):
                 buf[k] = buf[k + 1]
             buf[lo_i - 1] = b

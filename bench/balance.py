@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import hashlib
 import math
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +34,7 @@ import numpy as np
 import balancer
 from balancer.metrics import balance_metrics
 from balancer.workloads import sample_lengths
+from freescale.provenance import git_provenance
 
 REPO = Path(__file__).resolve().parents[1]
 RATINGS = REPO / "loader" / "sample_data" / "ml-latest-small" / "ratings.csv"
@@ -314,18 +313,6 @@ def _key(row) -> str:
     return _fmt_key((row["scenario"], row["equal_count"], row["max_tokens"])) if row else "-"
 
 
-def provenance() -> dict:
-    """Commit and whether balancer/ differs from it (other work may be in flight): the code that ran."""
-    def git(*args) -> str:
-        try:
-            return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout
-        except (OSError, subprocess.CalledProcessError):
-            return ""
-    diff = git("diff", "HEAD", "--", "balancer")
-    return {"commit": git("rev-parse", "--short", "HEAD").strip() or None,
-            "balancer_dirty": bool(diff), "balancer_diff_sha1": hashlib.sha1(diff.encode()).hexdigest()[:12] if diff else None}
-
-
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="drop the 1M scale (and kk above 100k samples)")
@@ -337,10 +324,10 @@ def main(argv=None) -> dict:
                   else balancer.DEFAULT_COST_MODEL)
     available = balancer.available_methods()
     methods = [m for m in PREFERRED_ORDER if m in available] + [m for m in available if m not in PREFERRED_ORDER]
-    prov = provenance()
+    prov = git_provenance(REPO, ["balancer", "bench/balance.py"])
     print(f"bench/balance.py: methods {', '.join(methods)}; cost model {cost_model}; seed {args.seed}"
           f"{'; QUICK' if args.quick else ''}; commit {prov['commit']}"
-          f"{' + uncommitted balancer/ changes (diff sha1 ' + str(prov['balancer_diff_sha1']) + ')' if prov['balancer_dirty'] else ''}",
+          f"{' + uncommitted changes (diff sha1 ' + str(prov['diff_sha1']) + ')' if prov['dirty'] else ''}",
           flush=True)
     print("columns: max/LB = max bin cost / lower bound; bubble = lockstep bubble; stepbub = one-collective bubble; "
           "viol = microbatches over the cap; ms = planner wall time (* = cap-blind plan reused, same time)", flush=True)

@@ -52,13 +52,11 @@ Prints a human table as it goes, then the targets with PASS/FAIL, and last one J
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import logging
 import math
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import threading
@@ -74,6 +72,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+
+from freescale.provenance import git_provenance
 
 REPO = Path(__file__).resolve().parents[1]
 DATA_ROOT = REPO / "out" / "bench-data"
@@ -492,18 +492,6 @@ def verdicts(rows: list[dict], datasets: list[dict]) -> dict:
     return out
 
 
-def provenance() -> dict:
-    def git(*args) -> str:
-        try:
-            return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout
-        except (OSError, subprocess.CalledProcessError):
-            return ""
-    diff = git("diff", "HEAD", "--", "loader", "balancer", "bench/loader.py")
-    untracked = git("ls-files", "--others", "--exclude-standard", "--", "loader", "balancer").split()
-    return {"commit": git("rev-parse", "--short", "HEAD").strip() or None, "dirty": bool(diff or untracked),
-            "diff_sha1": hashlib.sha1(diff.encode()).hexdigest()[:12] if diff else None, "untracked": untracked}
-
-
 def machine() -> dict:
     import pyarrow
     import ray
@@ -554,7 +542,7 @@ def main(argv=None) -> dict:
 
     import ray
 
-    prov = provenance()
+    prov = git_provenance(REPO, ["loader", "balancer", "bench/loader.py"])
     have_ours, why_not = ours_available()
     print(f"bench/loader.py: commit {prov['commit']}{' (loader/balancer/bench changed or untracked files)' if prov['dirty'] else ''}; "
           f"R={args.ranks} M={args.microbatches} G={args.samples_per_step}; num_cpus={args.num_cpus}; "
