@@ -23,7 +23,7 @@ or nothing helps), compete:
 
 The local search has a work budget linear in N (``REFINE_WORK_PER_SAMPLE``), so planning stays O(N)
 even where most bins cannot be improved (few samples per bin under tight constraints).
-The winner has the lowest peak bin cost; peaks within ``REFINE_TOLERANCE`` of it count as equal and
+The winner has the lowest peak bin cost; peaks within ``CHOICE_TOLERANCE`` of it count as equal and
 the lower lockstep bubble wins among them. Flat plans (one level) carry no rank structure: without
 ``equal_count`` their bins are regrouped onto ranks (M each, heaviest first onto the lightest rank).
 Finally each rank's microbatches are ordered heaviest first, aligning heavy bins across ranks.
@@ -50,6 +50,8 @@ REFINE_WORK_PER_SAMPLE = 256
 # Refinement stops when every bin is within this fraction of its level (exactly at it where the
 # level is the costliest sample's cost: that bound is always reachable and is the plan's peak).
 REFINE_TOLERANCE = 1e-4
+# Plans whose peaks differ by less than this fraction tie, and the lower lockstep bubble wins.
+CHOICE_TOLERANCE = 1e-5
 # Spare capacity of the columns below the top level: discrete samples cannot fill every bin exactly,
 # and the overshoot belongs in the lighter columns, never above the costliest sample.
 LEVEL_SLACK = 2e-4
@@ -162,7 +164,7 @@ def _peak(problem: Problem, bins: np.ndarray) -> float:
 
 
 def _choose(problem: Problem, candidates: list[_Candidate], ceiling: float) -> _Candidate:
-    """Lowest peak; peaks within the refine tolerance (and not above ``ceiling``) tie, lower bubble wins."""
+    """Lowest peak; peaks within CHOICE_TOLERANCE (and not above ``ceiling``) tie, lower bubble wins."""
     R, M, n_bins = problem.ranks, problem.microbatches, problem.n_bins
     for cand in candidates:
         loads = np.bincount(cand.bins, weights=problem.costs, minlength=n_bins)  # (R*M,)
@@ -179,7 +181,7 @@ def _choose(problem: Problem, candidates: list[_Candidate], ceiling: float) -> _
         cand.peak = float(loads.max())
         cand.bubble = lockstep_bubble(grid)
     best_peak = min(c.peak for c in candidates)
-    bar = min(best_peak * (1.0 + REFINE_TOLERANCE), max(ceiling, best_peak))
+    bar = min(best_peak * (1.0 + CHOICE_TOLERANCE), max(ceiling, best_peak))
     return min((c for c in candidates if c.peak <= bar), key=lambda c: (c.bubble, c.peak))
 
 
