@@ -24,7 +24,9 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
 	$(BIN)/python bench/balance.py
+	$(BIN)/python bench/loader.py
 
 clean:
 	rm -rf $(VENV) .cache build *.egg-info
