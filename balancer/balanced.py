@@ -36,10 +36,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from balancer.kernels import lpt_assign, pack_within_ranks, refine
-from balancer.lpt import flat_lpt_bins, lpt_bins
+from balancer.lpt import flat_lpt_bins
 from balancer.metrics import lockstep_bubble
 from balancer.registry import Problem, register
-from balancer.runs import deficit_fill, length_runs, spread_runs
+from balancer.runs import deficit_fill, spread_runs
 from balancer.zigzag import serpentine
 
 # Accepted refinement steps per bin before giving up on the last tiny gains.
@@ -129,8 +129,8 @@ def balanced(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _fill_start(problem: Problem, mean: float) -> np.ndarray:
-    run_len, run_count = length_runs(problem.lengths)
-    placed = deficit_fill(run_len, run_count, problem.cost_model.cost(run_len), problem.n_bins, mean)
+    run_len, run_count, run_cost = problem.runs
+    placed = deficit_fill(run_len, run_count, run_cost, problem.n_bins, mean)
     return spread_runs(problem.lengths, run_len, run_count, placed, problem.seed)
 
 

@@ -442,15 +442,15 @@ def refine(bins, costs, lengths, microbatches, column_of_bin, levels, token_cap,
                                                    state, rules)
             work += spent
         # then every lighter bin, lightest first: a batch of the lightest, the full order only if needed
-        skip_rank = rb if quotas else -1
-        lightest = _lightest(excess, _PARTNER_BATCH)
         if best_x < 0:
+            skip_rank = rb if quotas else -1
+            lightest = _lightest(excess, _PARTNER_BATCH)
             t, best_x, best_y, spent = _first_step(b, xs, lightest, skip_rank, state, rules)
             work += spent
-        if best_x < 0 and lightest.shape[0] < n_bins and excess[lightest[-1]] < excess[b]:
-            rest = np.argsort(excess, kind="mergesort")[lightest.shape[0]:]
-            t, best_x, best_y, spent = _first_step(b, xs, rest, skip_rank, state, rules)
-            work += spent + 8 * n_bins  # and the sort
+            if best_x < 0 and lightest.shape[0] < n_bins and excess[lightest[-1]] < excess[b]:
+                rest = np.argsort(excess, kind="mergesort")[lightest.shape[0]:]
+                t, best_x, best_y, spent = _first_step(b, xs, rest, skip_rank, state, rules)
+                work += spent + 8 * n_bins  # and the sort
         if best_x < 0:
             stuck[b] = True
             n_stuck += 1

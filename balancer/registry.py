@@ -8,12 +8,14 @@ so a planner holds only its algorithm.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Callable
 
 import numpy as np
 
 from balancer.cost import DEFAULT_COST_MODEL, CostModel
 from balancer.kernels import order_by_length_desc
+from balancer.runs import length_runs
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,13 @@ class Problem:
 
     def token_cap(self) -> int:
         return int(self.max_tokens) if self.max_tokens is not None else 0
+
+    @cached_property
+    def runs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Distinct lengths, longest first, their counts and their costs: int64, int64, float64 (K,).
+        Computed once per problem (every run-length start reads them)."""
+        run_len, run_count = length_runs(self.lengths)
+        return run_len, run_count, self.cost_model.cost(run_len)
 
     def longest_first(self) -> np.ndarray:
         """Sample indices sorted by length, longest first; ties in a seeded random order. int64 (N,)."""

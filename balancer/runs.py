@@ -15,7 +15,9 @@ decide *how many* samples of each length go to each bin. Three steps, none of th
 3. ``spread_runs``: each sample takes the next bin of its length's run, starting at a seeded offset,
    so equal-length samples are dealt in a seed-dependent order.
 
-``ring_lpt`` returns the bins in placement order (longest first); ``spread_runs`` maps them to samples.
+``deficit_fill`` (the ``balanced`` start on unconstrained batches) replaces step 2: it fills every bin
+to a target cost instead of LPT. Both return the bins in placement order (longest first);
+``spread_runs`` maps them to samples.
 """
 
 from __future__ import annotations

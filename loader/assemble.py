@@ -3,8 +3,9 @@
 A rank's share of a step is a :class:`RankStep`: which rows of which sources (cleaned row groups,
 or rows carried over from an earlier block) form its M microbatches, in order. No event data is
 copied here: the trainer side gathers the rows straight into its tensors (:mod:`loader.microbatch`),
-so with Ray the coordinator only plans, and scales with steps rather than with bytes. No torch here
-either: Ray's coordinator and readers never import it.
+so with Ray the queues hold refs and indices, not events. (The Ray coordinator still maps every row
+group it plans, to read lengths and to copy out a block's leftover rows.) No torch here either: Ray's
+coordinator and readers never import it.
 """
 
 from __future__ import annotations

@@ -7,8 +7,9 @@
   the row statuses and the valid rows (numpy buffers).
 - :class:`Coordinator` wraps :class:`loader.service.Service`: it hands each row group to the reader
   with the fewest reads in flight (re-issuing a read whose reader died: reads are pure, so
-  nothing is lost or repeated), cuts and plans each step from statuses and lengths, and queues
-  every rank's share: object refs plus row indices, never the events themselves. It is named after
+  nothing is lost or repeated), cuts and plans each step from statuses and lengths (it maps each
+  row group's objects: zero-copy on its node, a transfer from other nodes), and queues every
+  rank's share: object refs plus row indices, never the events themselves. It is named after
   the loader's ``name`` in the ``freescale`` namespace, so trainer processes constructing the
   loader with the same arguments and ``name`` attach to the same one; the last to ``close()``
   kills it (and so its readers, and the objects it owns).
