@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from balancer.exchange import exchange
 from balancer.kernels import lpt_assign, pack_within_ranks, refine
 from balancer.lpt import flat_lpt_bins
 from balancer.metrics import lockstep_bubble
@@ -151,11 +152,13 @@ def _zigzag_start(problem: Problem, order: np.ndarray) -> np.ndarray | None:
 def _refined(problem: Problem, bins: np.ndarray, columns: np.ndarray, levels: np.ndarray,
              costliest: float) -> np.ndarray:
     quotas, lo, n_extra = problem.quotas()
+    work = REFINE_WORK_PER_SAMPLE * max(problem.n, problem.n_bins)
     refine(
         bins, problem.costs, problem.lengths, problem.microbatches, columns, levels, problem.token_cap(),
-        quotas, lo, n_extra, REFINE_STEPS_PER_BIN * problem.n_bins, REFINE_WORK_PER_SAMPLE * max(problem.n, problem.n_bins),
-        REFINE_TOLERANCE, costliest,
+        quotas, lo, n_extra, REFINE_STEPS_PER_BIN * problem.n_bins, work, REFINE_TOLERANCE, costliest,
     )
+    exchange(bins, problem.costs, problem.lengths, problem.microbatches, columns, levels, problem.token_cap(),
+             quotas, REFINE_TOLERANCE, costliest, work)
     return bins
 
 

@@ -291,6 +291,13 @@ def _pair_score(eb, lb, hb, tb, lt, ht, tt, d):
     return eb - max((lb - d) / hb - tb, (lt + d) / ht - tt)
 
 
+@njit(cache=True, nogil=True)
+def bin_thresholds(level, tolerance, exact_level):
+    """Cost each bin may reach, float64 (bins,): ``level * (1 + tolerance)``, but never past
+    ``exact_level`` (the costliest sample: reachable exactly) where the level is below it."""
+    return np.where(level > exact_level, level * (1.0 + tolerance), np.minimum(level * (1.0 + tolerance), exact_level))
+
+
 _PARTNER_BATCH = 32  # refine tries the lightest bins first and sorts them all only if none helps
 
 
@@ -402,10 +409,9 @@ def refine(bins, costs, lengths, microbatches, column_of_bin, levels, token_cap,
     n = costs.shape[0]
     n_bins = column_of_bin.shape[0]
     level = levels[column_of_bin]  # (n_bins,)
-    # (n_bins,) cost each bin may reach: level * (1 + tolerance), never past the costliest sample
-    # where the level is below it. Excess = load - threshold, in cost units (what a lockstep step
-    # waits for), so ``level`` below is 1 for every bin.
-    threshold = np.where(level > exact_level, level * (1.0 + tolerance), np.minimum(level * (1.0 + tolerance), exact_level))
+    # Excess = load - threshold, in cost units (what a lockstep step waits for), so ``level`` below
+    # is 1 for every bin.
+    threshold = bin_thresholds(level, tolerance, exact_level)
     level = np.ones(n_bins)
     loads = np.zeros(n_bins, dtype=np.float64)
     tokens = np.zeros(n_bins, dtype=np.int64)
@@ -512,7 +518,7 @@ def refine_ref(bins, costs, lengths, microbatches, column_of_bin, levels, token_
     one with ``max_iters`` = the steps the kernel returned."""
     n_bins = len(column_of_bin)
     level = np.asarray(levels)[column_of_bin]
-    threshold = np.where(level > exact_level, level * (1.0 + tolerance), np.minimum(level * (1.0 + tolerance), exact_level))
+    threshold = bin_thresholds.py_func(level, tolerance, exact_level)
     level = np.ones(n_bins)
     loads = np.zeros(n_bins)
     tokens = np.zeros(n_bins, dtype=np.int64)

@@ -5,6 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from balancer import exchange as X
 from balancer import kernels as K
 from balancer.balanced import column_levels
 
@@ -104,3 +105,53 @@ def test_lpt_assign_reports_unplaceable_item():
     order = np.arange(3, dtype=np.int64)
     bins = K.lpt_assign(order, costs, lengths, 1, np.zeros(2, dtype=np.int64), np.ones(1), 6, False, 0, 0)
     assert (bins >= 0).sum() == 2 and bins[2] == -1
+
+
+@given(st.data())
+@settings(max_examples=150, deadline=None)
+def test_exchange_matches_reference_and_only_lowers_bins_over_threshold(data):
+    ranks, microbatches, lengths, costs, cap, quotas = _problem(data, n_max=120, max_ranks=8)
+    if lengths.size == 0:
+        return
+    column_of_bin, levels = _columns(data, lengths, costs, ranks, microbatches)
+    order = K.order_by_length_desc(lengths, 0)
+    lo, n_extra = len(lengths) // ranks, len(lengths) % ranks
+    start = K.lpt_assign(order, costs, lengths, microbatches, column_of_bin, levels, cap, quotas, lo, n_extra)
+    if np.any(start < 0):
+        return
+    tolerance = data.draw(st.sampled_from([0.0, 1e-3]))
+    exact = float(costs.max())
+    if data.draw(st.booleans()):  # usually after refine, as balanced calls it
+        K.refine(start, costs, lengths, microbatches, column_of_bin, levels, cap, quotas, lo, n_extra, 10_000,
+                 1 << 62, tolerance, exact)
+    fast, slow = start.copy(), start.copy()
+    args = (costs, lengths, microbatches, column_of_bin, levels, cap, quotas, tolerance, exact)
+    done = X.exchange(fast, *args, 1 << 62)
+    assert done == X.exchange_ref(slow, *args)
+    np.testing.assert_array_equal(fast, slow)
+    n_bins = ranks * microbatches
+    threshold = K.bin_thresholds(levels[column_of_bin], tolerance, exact)
+    before = np.bincount(start, weights=costs, minlength=n_bins) - threshold
+    after = np.bincount(fast, weights=costs, minlength=n_bins) - threshold
+    eps = 1e-9 * max(exact, 1.0)
+    # every exchange takes one bin from over its threshold to at or below it, and lifts no other bin over
+    assert (after > eps).sum() == (before > eps).sum() - done
+    assert np.all(after[before <= eps] <= eps)
+    assert np.all(after <= np.maximum(before, 0.0) + eps)
+    if cap:
+        assert np.bincount(fast, weights=lengths, minlength=n_bins).max() <= cap
+    if quotas:  # exchanges stay inside a rank: every rank keeps its sample count
+        np.testing.assert_array_equal(np.bincount(fast // microbatches, minlength=ranks),
+                                      np.bincount(start // microbatches, minlength=ranks))
+
+
+def test_exchange_fixes_a_bin_no_single_swap_can():
+    # bin 0 holds two large samples 46 over the mean; bin 1 holds small ones. The only fix swaps a
+    # length-10 sample (cost 100) for the set {6, 3, 3} (cost 54): both bins end exactly at the mean.
+    lengths = np.array([10, 10, 6, 6, 3, 3, 3, 2, 2, 1], dtype=np.int64)
+    costs = lengths.astype(np.float64) ** 2
+    bins = np.array([0, 0, 1, 1, 1, 1, 1, 1, 1, 1], dtype=np.int64)
+    level = np.array([costs.sum() / 2])
+    done = X.exchange(bins, costs, lengths, 2, np.zeros(2, dtype=np.int64), level, 0, False, 0.0, 100.0, 1 << 62)
+    assert done == 1
+    np.testing.assert_array_equal(np.bincount(bins, weights=costs), [154.0, 154.0])
