@@ -32,7 +32,9 @@ from balancer.kernels import _link, _members, _unlink, bin_thresholds
 @njit(cache=True, nogil=True)
 def _greedy_set(x, ys, costs, low, high, out):
     """Fill ``out`` with samples of ``ys`` (ascending; taken descending) summing into [low, high];
-    returns how many, or -1 if the greedy sum misses the window."""
+    returns how many, or -1 if the greedy sum misses the window (or it is empty: ``x`` too small)."""
+    if high < 0.0:
+        return -1
     total = 0.0
     k = 0
     for p in range(ys.shape[0] - 1, -1, -1):
@@ -150,6 +152,8 @@ def exchange_ref(bins, costs, lengths, microbatches, column_of_bin, levels, toke
             found = None
             for x in xs:
                 low, high = costs[x] + excess[t], costs[x] - eb
+                if high < 0.0:  # moving x out cannot bring the bin down to its threshold
+                    continue
                 chosen, total = [], 0.0
                 for y in ys:
                     if total >= low:

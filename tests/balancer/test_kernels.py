@@ -155,3 +155,13 @@ def test_exchange_fixes_a_bin_no_single_swap_can():
     done = X.exchange(bins, costs, lengths, 2, np.zeros(2, dtype=np.int64), level, 0, False, 0.0, 100.0, 1 << 62)
     assert done == 1
     np.testing.assert_array_equal(np.bincount(bins, weights=costs), [154.0, 154.0])
+
+
+def test_exchange_leaves_a_bin_it_cannot_bring_down():
+    # moving a cost-1 sample out of a bin 46.5 over its threshold would not fix it: nothing moves
+    lengths = np.array([10, 1, 1, 3], dtype=np.int64)
+    costs = lengths.astype(np.float64) ** 2
+    bins = np.array([0, 0, 0, 1], dtype=np.int64)
+    level = np.array([costs.sum() / 2])
+    assert X.exchange(bins, costs, lengths, 2, np.zeros(2, dtype=np.int64), level, 0, False, 0.0, 100.0, 1 << 62) == 0
+    np.testing.assert_array_equal(bins, [0, 0, 0, 1])
