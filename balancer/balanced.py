@@ -17,6 +17,10 @@ or nothing helps), compete:
   wherever this start runs (the winner may not have a higher peak than this start).
 - *columns* (a sample above the mean bin cost, ``equal_count``, or < ``FILL_ONLY_PER_BIN`` samples per
   bin): LPT onto the water-filled levels.
+- *column fill* (same cases, while N * R * M is small): ``colfill.column_fill`` fills slot 0 of every
+  rank first fit up to the costliest sample, then slot 1 with what is left, and so on; several large
+  samples share a slot-0 bin, so later slots hold only small ones (the lockstep optimum where a few
+  samples cost more than a mean bin, which the water-filled levels miss).
 - *zigzag* (same cases): samples dealt to ranks in serpentine order (equal counts, a similar mix per
   rank), then packed into each rank's microbatches (least-loaded under the cap, or first-fit decreasing
   when that finds no room): the start that keeps tight caps with ``equal_count`` feasible.
@@ -35,6 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from balancer.colfill import column_fill
 from balancer.exchange import exchange
 from balancer.kernels import lpt_assign, pack_within_ranks, refine
 from balancer.lpt import flat_lpt_bins
@@ -58,6 +63,8 @@ CHOICE_TOLERANCE = 1e-5
 LEVEL_SLACK = 2e-4
 # Below this many samples per bin, the column and zigzag starts also run on unconstrained batches.
 FILL_ONLY_PER_BIN = 64
+# The column-fill start (first fit, O(N * R * M)) runs while N * R * M stays below this.
+COLUMN_FILL_WORK = 1 << 27
 # From this many samples on, unconstrained batches use the fill start alone (O(N); at 1M samples it
 # ends below LPT, in less time than LPT alone).
 FILL_ONLY_SAMPLES = 1 << 18
@@ -73,8 +80,13 @@ def column_levels(desc_costs: np.ndarray, ranks: int, microbatches: int) -> np.n
         remaining = max(remaining - ranks * levels[j], 0.0)
     below = levels < levels[0]
     levels[below] = np.minimum(levels[below] * (1.0 + LEVEL_SLACK), levels[0])
-    floor = levels[0] * 1e-9 if levels[0] > 0 else 1.0
-    return np.maximum(levels, floor)
+    return _positive(levels)
+
+
+def _positive(levels: np.ndarray) -> np.ndarray:
+    """Levels with empty slots raised to a tiny positive level (refine divides nothing by them, but a
+    zero threshold would count any sample there as excess)."""
+    return np.maximum(levels, levels[0] * 1e-9 if levels[0] > 0 else 1.0)
 
 
 @dataclass
@@ -123,6 +135,12 @@ def balanced(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
         start = _zigzag_start(problem, order)
         if start is not None:
             candidates.append(_Candidate(_refined(problem, start, columns, levels, costliest), flat=False))
+        if problem.n * n_bins <= COLUMN_FILL_WORK:
+            start, fill_levels = column_fill(order, problem.costs, problem.lengths, R, M, problem.token_cap(),
+                                             quotas, lo, n_extra)
+            if np.all(start >= 0):
+                candidates.append(_Candidate(_refined(problem, start, columns, _positive(fill_levels), costliest),
+                                             flat=False))
     if not candidates:
         raise failure if failure is not None else ValueError("no start found a plan within the constraints")
     best = _choose(problem, candidates, ceiling)

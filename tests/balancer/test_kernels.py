@@ -5,6 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from balancer import colfill as C
 from balancer import exchange as X
 from balancer import kernels as K
 from balancer.balanced import column_levels
@@ -165,3 +166,41 @@ def test_exchange_leaves_a_bin_it_cannot_bring_down():
     level = np.array([costs.sum() / 2])
     assert X.exchange(bins, costs, lengths, 2, np.zeros(2, dtype=np.int64), level, 0, False, 0.0, 100.0, 1 << 62) == 0
     np.testing.assert_array_equal(bins, [0, 0, 0, 1])
+
+
+@given(st.data())
+@settings(max_examples=150, deadline=None)
+def test_column_fill_matches_reference_and_keeps_constraints(data):
+    ranks, microbatches, lengths, costs, cap, quotas = _problem(data, n_max=120, max_ranks=8)
+    order = K.order_by_length_desc(lengths, data.draw(st.integers(0, 1000)))
+    lo, n_extra = len(lengths) // ranks, len(lengths) % ranks
+    args = (order, costs, lengths, ranks, microbatches, cap, quotas, lo, n_extra)
+    bins, levels = C.column_fill(*args)
+    bins_ref, levels_ref = C.column_fill_ref(*args)
+    np.testing.assert_array_equal(bins, bins_ref)
+    np.testing.assert_array_equal(levels, levels_ref)
+    if np.any(bins < 0):
+        assert np.all(bins < 0)  # a failed start places nothing
+        return
+    n_bins = ranks * microbatches
+    loads = np.bincount(bins, weights=costs, minlength=n_bins).reshape(ranks, microbatches)
+    # every slot but the last stays within its level, and no level is below the costliest sample it holds
+    assert np.all(loads[:, :-1] <= levels[:-1] * (1 + 1e-12))
+    slot = bins % microbatches
+    assert np.all(costs <= levels[slot])
+    if cap:
+        assert np.bincount(bins, weights=lengths, minlength=n_bins).max() <= cap
+    if quotas:
+        per_rank = np.bincount(bins // microbatches, minlength=ranks)
+        assert per_rank.max() - per_rank.min() <= 1
+
+
+def test_column_fill_puts_large_samples_together_in_slot_zero():
+    # one sample of cost 100 sets slot 0's level; 60 + 40 fill the other rank's slot 0 to it, so slot 1
+    # holds only the small ones: lockstep time 100 + 10 against 100 + 60 with one large sample per bin
+    lengths = np.array([10, 60, 40, 5, 5], dtype=np.int64)
+    costs = np.array([100.0, 60.0, 40.0, 5.0, 5.0])
+    order = np.arange(5, dtype=np.int64)
+    bins, levels = C.column_fill(order, costs, lengths, 2, 2, 0, False, 0, 0)
+    np.testing.assert_array_equal(bins, [0, 2, 2, 1, 3])
+    np.testing.assert_array_equal(levels, [100.0, 5.0])
