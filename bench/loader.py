@@ -358,8 +358,9 @@ def run_ours(ds: dict, cols: list[str], cfg: dict, clock: dict) -> dict:
                     c[0] += len(mb.user_ids)
                     c[1] += len(mb.item_ids)
                     c[2] += 1
-            except BaseException as exc:  # surfaced below, after every thread has stopped
-                errors.append(exc)
+            except BaseException as exc:  # printed at once: a run that never ends still says why
+                print(f"ours: rank {rank} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+                errors.append(exc)  # raised below, once every thread has stopped
 
         threads = [threading.Thread(target=drain, args=(r,), name=f"rank-{r}") for r in range(R)]
         for t in threads:

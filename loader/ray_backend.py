@@ -29,7 +29,7 @@ import warnings
 
 import numpy as np
 import ray
-from ray.exceptions import ObjectLostError, RayActorError, RayTaskError, WorkerCrashedError
+from ray.exceptions import ActorUnavailableError, ObjectLostError, RayActorError, RayTaskError, WorkerCrashedError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from loader.assemble import RankStep, warm_up
@@ -45,6 +45,7 @@ NAMESPACE = "freescale"
 READER_RESTARTS = 8  # per reader actor; a reader that keeps dying points at a real problem
 READ_ATTEMPTS = 10  # per unit, over restarts and other readers
 _POLL_S = 5.0  # a blocking call returns "wait" after this long, so the caller can warn
+ASK_ATTEMPTS = 10  # per step: a call that failed in transit is asked again (the coordinator resends)
 _WARN_AFTER_S = 30.0
 _LOST = (RayActorError, ObjectLostError, WorkerCrashedError)
 
@@ -115,8 +116,8 @@ class Coordinator:
     async def open(self, ranks: list[int], key: RunKey, timeout: float):
         return await self.service.open(ranks, key, timeout)
 
-    async def next(self, rank: int, run_id: int, timeout: float):
-        return await self.service.next(rank, run_id, timeout)
+    async def next(self, rank: int, run_id: int, step: int, timeout: float):
+        return await self.service.next(rank, run_id, step, timeout)
 
     async def leave(self, ranks: list[int], run_id: int) -> None:
         await self.service.leave(ranks, run_id)
@@ -203,11 +204,17 @@ class RayClient:
 
 
 class RayStream:
-    """Steps of one run for ``ranks``, one request per rank kept in flight ahead of the consumer."""
+    """Steps of one run for ``ranks``, one request per rank kept in flight ahead of the consumer.
+
+    Each request names the step it wants, so a call that failed in transit (Ray cannot tell
+    whether it ran) is simply asked again. Ranks that did not reach the end leave the run on
+    :meth:`close`, however the iteration stopped: a rank that failed must not hold the others.
+    """
 
     def __init__(self, coordinator, ranks: tuple[int, ...], key: RunKey) -> None:
         self.coordinator = coordinator
         self.ranks = ranks
+        self.want = dict.fromkeys(ranks, key.step)  # rank -> the step it asks for next
         since, warned = time.monotonic(), False
         while True:
             kind, value = _get(coordinator.open.remote(list(ranks), key, _POLL_S))
@@ -215,6 +222,7 @@ class RayStream:
                 break
             warned = _warn_once(value, since, warned)
         self.run_id = value
+        self.members = set(ranks)  # ranks still in the run: leave it on close
         self.ahead = {rank: self._request(rank) for rank in ranks}
 
     def next_step(self) -> dict[int, RankStep] | None:
@@ -222,32 +230,47 @@ class RayStream:
         shares = {}
         since, warned = time.monotonic(), False
         for rank in self.ranks:
-            while True:
-                kind, value = _get(self.ahead.pop(rank))
-                if kind != "wait":
-                    break
-                warned = _warn_once(value, since, warned)
-                self.ahead[rank] = self._request(rank)
-            if kind == "error":
-                raise value
-            if kind == "end":
+            if rank not in self.members:
                 continue
+            while (message := self._take(rank))[0] == "wait":
+                warned = _warn_once(message[1], since, warned)
+                self.ahead[rank] = self._request(rank)
+            kind, value = message
+            if kind != "step":  # the coordinator has finished the rank
+                self.members.discard(rank)
+                if kind == "error":
+                    raise value
+                continue
+            self.want[rank] = value.step + 1
             self.ahead[rank] = self._request(rank)
             value.sources = ray.get(value.sources)  # the rows it reads: zero-copy on this node
             shares[rank] = value
         return shares or None
 
     def close(self) -> None:
-        if self.ahead:  # ranks that did not reach the end leave the run
+        if self.members:  # ranks that did not reach the end leave the run
             try:
-                self.coordinator.leave.remote(list(self.ahead), self.run_id)
+                self.coordinator.leave.remote(sorted(self.members), self.run_id)
             except RayActorError:
                 pass
-            self.ahead = {}
+            self.members = set()
+        self.ahead = {}
 
     def _request(self, rank: int):
-        return self.coordinator.next.remote(rank, self.run_id, _POLL_S)
+        return self.coordinator.next.remote(rank, self.run_id, self.want[rank], _POLL_S)
 
+    def _take(self, rank: int) -> tuple[str, object]:
+        """The reply to the rank's request in flight; asked again while the call fails in transit."""
+        attempt = 0
+        while True:
+            try:
+                return _get(self.ahead.pop(rank))
+            except ActorUnavailableError:
+                attempt += 1
+                if attempt == ASK_ATTEMPTS:
+                    raise
+                time.sleep(min(0.1 * 2**attempt, 2.0))
+                self.ahead[rank] = self._request(rank)
 
 
 def _wait_name_released(name: str, timeout: float = 10.0) -> None:

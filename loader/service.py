@@ -8,8 +8,10 @@ stay small, and trainers gather their rows from the readers' objects themselves.
 A *run* is one pass over an epoch from a resume point, keyed by :class:`RunKey`. Ranks join it
 with :meth:`Service.open` (trainer processes that loaded the same state pass the same key and
 share one run), take steps with :meth:`Service.next` and finish by reaching the end or with
-:meth:`Service.leave`. The producer plans each step once and puts every rank's share into that
-rank's queue of ``prefetch_steps`` places:
+:meth:`Service.leave`. A request names the step it wants, so one repeated after its reply was lost
+(a call that failed in transit may or may not have run) gets the same share again instead of
+the next one: no step is lost or skipped. The producer plans each step once and puts every rank's
+share into that rank's queue of ``prefetch_steps`` places:
 
 - a slow rank's full queue stops the producer (nothing is buffered beyond ``prefetch_steps`` steps
   per rank), while faster ranks keep taking the steps already in their queues;
@@ -51,6 +53,7 @@ class _Run:
         self.key = key
         self.queues = {rank: asyncio.Queue(prefetch) for rank in range(ranks)}
         self.joined: set[int] = set()
+        self.held: dict[int, object] = {}  # rank -> the share it was handed last, until it asks for a later step
         self.finished: set[int] = set()  # reached the end, saw an error, or left
         self.retired = asyncio.Event()
         self.task: asyncio.Task | None = None
@@ -107,18 +110,28 @@ class Service:
             except asyncio.TimeoutError:
                 return "wait", f"{key} waits until every rank has finished {run.key}: {self._describe(run)}"
 
-    async def next(self, rank: int, run_id: int, timeout: float) -> tuple[str, object]:
-        """The rank's next message: ``("step", RankStep)``, ``("end", None)``,
-        ``("error", exception)``, or ``("wait", why)`` after ``timeout`` seconds without a step."""
+    async def next(self, rank: int, run_id: int, step: int, timeout: float) -> tuple[str, object]:
+        """The rank's message for step ``step`` (the step after the last one it received):
+        ``("step", RankStep)``, ``("end", None)``, ``("error", exception)``, or ``("wait", why)``
+        after ``timeout`` seconds without a step. Asking again for the step handed out last
+        returns that share again (its reply was lost); asking for a later one lets it go."""
         run = self.run
         if run is None or run.id != run_id or rank in run.finished:
             return "end", None
+        held = run.held.pop(rank, None)
+        if held is not None and held.step == step:
+            run.held[rank] = held
+            return "step", held
         try:
             kind, value = await asyncio.wait_for(run.queues[rank].get(), timeout)
         except asyncio.TimeoutError:
             return "wait", f"rank {rank} waits for step {run.produced} of {run.key}: {self._describe(run)}"
         if kind != "step":
             self._finish(run, rank)
+        elif value.step != step:
+            raise RuntimeError(f"rank {rank} asked for step {step} of {run.key} but step {value.step} is next")
+        else:
+            run.held[rank] = value
         return kind, value
 
     async def leave(self, ranks: list[int], run_id: int) -> None:
@@ -136,10 +149,13 @@ class Service:
 
     def _finish(self, run: _Run, rank: int) -> None:
         run.finished.add(rank)
+        run.held.pop(rank, None)
         queue = run.queues[rank]
-        while not queue.empty():  # free the producer if it waits on this queue
-            queue.get_nowait()
-        queue.put_nowait(("end", None))  # wake a next() still waiting for this rank
+        if queue.empty():  # a next() may wait on it: wake it
+            queue.put_nowait(("end", None))
+        else:  # no next() waits on a non-empty queue, but the producer may: free it (an "end"
+            while not queue.empty():  # put here would block it again at prefetch_steps=1)
+                queue.get_nowait()
         if len(run.finished) == self.config.ranks:
             run.task.cancel()
             self.run = None

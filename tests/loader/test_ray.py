@@ -3,10 +3,12 @@
 import shutil
 import tempfile
 import threading
+import time
 import warnings
 
 import pytest
 import ray
+from ray.exceptions import ActorUnavailableError
 
 from loader import SequenceLoader
 from loader import ray_backend
@@ -135,3 +137,64 @@ def test_a_rank_nobody_iterates_is_reported(ray_address, data, monkeypatch):
                                                      r"rank\(s\) \[1\] have not started iterating"):
                 for _ in steps:
                     pass
+
+
+def _drain(loader, ranks, timeout=30.0):
+    """Every rank drained by its own thread: records per rank, the error per failed rank, and
+    whether every thread finished within ``timeout`` (a rank left hanging holds the others)."""
+    out, errors = [[] for _ in range(ranks)], {}
+
+    def drain(rank):
+        try:
+            for mb in loader.iter_rank(rank):
+                out[rank].append(record(mb))
+        except Exception as exc:  # reported to the test
+            errors[rank] = exc
+
+    threads = [threading.Thread(target=drain, args=(r,), daemon=True) for r in range(ranks)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        t.join(timeout=max(0.0, deadline - time.monotonic()))
+    return out, errors, not any(t.is_alive() for t in threads)
+
+
+def _fail_reply(monkeypatch, error, rank=1, step=2):
+    """Rank ``rank``'s reply carrying step ``step`` runs on the coordinator, then raises ``error``
+    on the way back (once), as a Ray call that fails in transit does."""
+    real, failed = ray_backend._get, []
+
+    def get(ref):
+        value = real(ref)
+        kind, share = value if isinstance(value, tuple) else (None, None)
+        if not failed and kind == "step" and (share.rank, share.step) == (rank, step):
+            failed.append(step)
+            raise error
+        return value
+
+    monkeypatch.setattr(ray_backend, "_get", get)
+
+
+KWARGS = dict(ranks=3, microbatches=2, samples_per_step=24, shuffle_window=50, seed=5, num_readers=2)
+
+
+def test_a_reply_lost_in_transit_is_asked_for_again(ray_address, data, monkeypatch):
+    # Regression: a rank whose call failed in transit stopped taking its queued steps, and every other
+    # rank waited for it forever (the bench's 8 threads stalled at step 52 of the 1M set).
+    _fail_reply(monkeypatch, ActorUnavailableError("injected: the reply was lost", None))
+    with SequenceLoader(data, backend="ray", **KWARGS) as loader:
+        per_rank, errors, finished = _drain(loader, 3)
+    assert finished and not errors
+    with SequenceLoader(data, backend="inline", **KWARGS) as inline:
+        assert _steps(per_rank, 2) == collect(inline)  # nothing lost, skipped or repeated
+
+
+def test_a_rank_that_fails_does_not_hold_the_others(ray_address, data, monkeypatch):
+    _fail_reply(monkeypatch, RuntimeError("injected failure"))
+    with SequenceLoader(data, backend="ray", **KWARGS) as loader:
+        per_rank, errors, finished = _drain(loader, 3)
+    assert finished and list(errors) == [1] and "injected failure" in str(errors[1])
+    with SequenceLoader(data, backend="inline", **KWARGS) as inline:
+        steps = len(collect(inline))
+    assert [len(per_rank[r]) for r in (0, 2)] == [2 * steps, 2 * steps] and len(per_rank[1]) == 2 * 2

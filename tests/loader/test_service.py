@@ -2,6 +2,7 @@
 
 import asyncio
 import random
+import weakref
 
 import pytest
 
@@ -33,8 +34,15 @@ def _service(index, *, fetch=None, **kwargs):
     return Service(index, config, fetch=fetch or read, store=lambda rows: rows, readahead=4), config
 
 
+_wanted = weakref.WeakKeyDictionary()  # service -> {(run, rank): the step after the last one received}
+
+
 async def _take(service, rank, run_id, timeout=5.0):
-    kind, value = await service.next(rank, run_id, timeout)
+    """The rank's next message, asked for as a trainer that received every reply asks for it."""
+    wanted = _wanted.setdefault(service, {})
+    kind, value = await service.next(rank, run_id, wanted.get((run_id, rank), 0), timeout)
+    if kind == "step":
+        wanted[run_id, rank] = value.step + 1
     return kind, value
 
 
@@ -115,5 +123,35 @@ def test_a_failed_read_reaches_every_rank(index):
             kind, error = await _take(service, rank, run_id)
             assert kind == "error" and isinstance(error, ValueError) and "is broken" in str(error)
         assert service.run is None
+
+    asyncio.run(main())
+
+
+def test_a_request_repeated_after_its_reply_was_lost_gets_the_same_step(index):
+    # A Ray call that fails in transit may or may not have run; the trainer asks for the same step again.
+    async def main():
+        service, _ = _service(index)
+        _, run_id = await service.open([0, 1], RunKey(0), 5.0)
+        kind, lost = await service.next(0, run_id, 0, 5.0)  # ran, but its reply never arrived
+        assert kind == "step" and lost.step == 0
+        kind, again = await service.next(0, run_id, 0, 5.0)
+        assert kind == "step" and again is lost  # the same share, not step 1
+        assert (await service.next(0, run_id, 1, 5.0))[1].step == 1  # asking for a later step moves on
+        assert [(await service.next(1, run_id, step, 5.0))[1].step for step in (0, 1)] == [0, 1]
+
+    asyncio.run(main())
+
+
+def test_a_rank_leaving_frees_the_producer_blocked_on_its_queue(index):
+    async def main():
+        service, _ = _service(index, prefetch_steps=1)
+        _, run_id = await service.open([0, 1], RunKey(0), 5.0)
+        while (await _take(service, 0, run_id, timeout=0.5))[0] == "step":
+            pass  # until the producer waits on rank 1's full queue
+        await service.leave([1], run_id)
+        rest = []
+        while (message := await _take(service, 0, run_id, timeout=2.0))[0] == "step":
+            rest.append(message[1].step)
+        assert message[0] == "end" and rest == list(range(2, 16))
 
     asyncio.run(main())
