@@ -25,7 +25,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
-	$(BIN)/python bench/balance.py
+	$(BIN)/python bench/balance.py --certify 30
 	$(BIN)/python bench/loader.py
 
 clean:

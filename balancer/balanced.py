@@ -25,6 +25,8 @@ or nothing helps), compete:
   rank), then packed into each rank's microbatches (least-loaded under the cap, or first-fit decreasing
   when that finds no room): the start that keeps tight caps with ``equal_count`` feasible.
 
+After the local search, ``exchange.exchange`` swaps one sample of a bin still over its level for a set
+of a lighter bin's samples, which reaches slivers no single move or swap can.
 The local search has a work budget linear in N (``REFINE_WORK_PER_SAMPLE``), so planning stays O(N)
 even where most bins cannot be improved (few samples per bin under tight constraints).
 The winner has the lowest peak bin cost; peaks within ``CHOICE_TOLERANCE`` of it count as equal and

@@ -5,6 +5,8 @@ Run (from the repository root; several minutes, most of it the pure-Python ``kk`
     NUMBA_CACHE_DIR=/tmp/numba-cache .venv/bin/python bench/balance.py | tee /tmp/bench_balance.txt
 
 ``--quick`` drops the 1,048,576-sample scale (and with it ``kk`` above 100k samples) for a smoke run;
+``--certify SECONDS`` bounds, for every row that misses target 1 or 3, what *any* plan could reach there
+(``bench/certify.py``: a HiGHS MILP relaxation; its dual bound is a floor no plan beats);
 ``--json-out FILE`` also writes the result object to FILE; ``--cost-model transformer`` plans with
 ``CostModel.for_transformer(4, 256)`` instead of the default ``cost = L**2``.
 
@@ -305,6 +307,43 @@ def check_targets(rows: list[dict], spd: dict | None, speed_is_target_scale: boo
     return targets
 
 
+def certify_misses(rows: list[dict], targets: dict, lengths_of: dict, cost_model, time_limit: float) -> dict:
+    """For every row that misses target 1 or 3, a certified floor on what *any* plan can reach there
+    (``bench/certify.py``): a miss whose floor is past the target is unreachable, not a planner gap."""
+    from certify import certified_floor
+
+    balanced = {(r["scenario"], r["equal_count"], r["max_tokens"]): r for r in rows
+                if r["method"] == "balanced" and not r.get("error")}
+    naive = {(r["scenario"], r["equal_count"], r["max_tokens"]): r for r in rows
+             if r["method"] == "naive" and not r.get("error")}
+    misses = [(key, "peak", TARGET_MLB) for key, r in balanced.items()
+              if r["per_bin"] >= TARGET_PER_BIN and r["max_over_lower_bound"] > TARGET_MLB]
+    for t in targets["3_bubble_cut"]["rows"]:
+        if t["judged"] and not t["pass"]:
+            key = next(k for k in balanced if _fmt_key(k) == t["row"])
+            misses.append((key, "lockstep", (1.0 - TARGET_BUBBLE_CUT) * naive[key]["bubble_fraction"]))
+    print(f"\n== certified floors for the {len(misses)} missed rows (HiGHS, {time_limit:.0f} s each; "
+          "a floor past the target makes the target unreachable there)", flush=True)
+    print(f"   {'row':<62} {'measure':>8} {'target':>9} {'balanced':>9} {'floor':>9} {'solved':>6}  verdict")
+    out = []
+    for key, objective, threshold in misses:
+        name, eq, cap = key
+        r = balanced[key]
+        sc = lengths_of[name]
+        floor = certified_floor(sc.lengths, cost_model.cost(sc.lengths), sc.ranks, sc.microbatches,
+                                objective=objective, max_tokens=cap, equal_count=eq, time_limit=time_limit)
+        value = r["max_over_lower_bound"] if objective == "peak" else r["bubble_fraction"]
+        verdict = "unreachable" if floor.floor > threshold else "open"
+        out.append({"row": _fmt_key(key), "measure": objective, "target": threshold, "balanced": value,
+                    "floor": floor.floor, "relaxation_best": floor.found, "solved": floor.optimal,
+                    "integral_samples": floor.integral, "seconds": floor.seconds, "verdict": verdict})
+        print(f"   {_fmt_key(key):<62} {objective:>8} {threshold:9.5f} {value:9.5f} {floor.floor:9.5f} "
+              f"{str(floor.optimal):>6}  {verdict}", flush=True)
+    unreachable = sum(x["verdict"] == "unreachable" for x in out)
+    print(f"   => {unreachable} of {len(out)} misses certified unreachable; {len(out) - unreachable} open", flush=True)
+    return {"time_limit_s": time_limit, "rows": out, "unreachable": unreachable, "open": len(out) - unreachable}
+
+
 def _fmt_key(key) -> str:
     return f"{key[0]} equal_count={key[1]} max_tokens={key[2]}"
 
@@ -319,6 +358,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--json-out", type=Path, help="also write the result object to this file")
     ap.add_argument("--cost-model", choices=("quadratic", "transformer"), default="quadratic")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--certify", type=float, default=0.0, metavar="SECONDS",
+                    help="bound what any plan can reach on every row that misses target 1 or 3 (HiGHS MILP, "
+                         "this many seconds per row; needs the bench extra); 0 = skip")
     args = ap.parse_args(argv)
     cost_model = (balancer.CostModel.for_transformer(4, 256) if args.cost_model == "transformer"
                   else balancer.DEFAULT_COST_MODEL)
@@ -333,12 +375,15 @@ def main(argv=None) -> dict:
           "viol = microbatches over the cap; ms = planner wall time (* = cap-blind plan reused, same time)", flush=True)
     balancer.plan(np.arange(1, 257), ranks=4, microbatches=2)  # warm-up: numba compile / cache load
     started = time.perf_counter()
-    rows = []
+    rows, lengths_of = [], {}
     for sc in scenarios(args.quick, args.seed):
+        lengths_of[sc.name] = sc
         rows += run_scenario(sc, methods, cost_model, args.seed)
     shape = SPEED_SHAPE if not args.quick else max((s for s in SCALES if s[2] <= QUICK_MAX_N), key=lambda s: s[2])
     spd = speed(rows, methods, cost_model, args.seed, shape)
     targets = check_targets(rows, spd, shape == SPEED_SHAPE)
+    if args.certify > 0:
+        targets["certified_floors"] = certify_misses(rows, targets, lengths_of, cost_model, args.certify)
     elapsed = time.perf_counter() - started
     print(f"\nbench wall time: {elapsed:.1f} s", flush=True)
     result = {"bench": "balance", "quick": args.quick, "cost_model": str(cost_model), "seed": args.seed,

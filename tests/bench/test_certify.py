@@ -1,0 +1,52 @@
+"""bench/certify.py: its floors never exceed the true optimum, and equal it when every sample is integral."""
+
+import importlib.util
+import itertools
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("highspy")
+_spec = importlib.util.spec_from_file_location("certify", Path(__file__).parents[2] / "bench" / "certify.py")
+certify = sys.modules["certify"] = importlib.util.module_from_spec(_spec)  # dataclasses look it up
+_spec.loader.exec_module(certify)
+
+
+def brute_force(lengths, costs, R, M, objective, cap, equal_count):
+    """Exact optimum over every assignment of samples to the R*M bins (tiny inputs only)."""
+    best = np.inf
+    for bins in itertools.product(range(R * M), repeat=len(lengths)):
+        bins = np.asarray(bins)
+        if cap and np.bincount(bins, weights=lengths, minlength=R * M).max() > cap:
+            continue
+        if equal_count:
+            per_rank = np.bincount(bins // M, minlength=R)
+            if per_rank.max() - per_rank.min() > 1:
+                continue
+        loads = np.bincount(bins, weights=costs, minlength=R * M).reshape(R, M)
+        best = min(best, loads.max() if objective == "peak" else loads.max(axis=0).sum())
+    return best
+
+
+@given(st.lists(st.integers(1, 12), min_size=1, max_size=6), st.sampled_from(["peak", "lockstep"]),
+       st.booleans(), st.booleans(), st.sampled_from([0.0, 0.5]))
+@settings(max_examples=25, deadline=None)
+def test_floor_is_a_floor_and_tight_when_integral(lengths, objective, capped, equal_count, integral_above):
+    lengths = np.asarray(lengths, dtype=np.int64)
+    costs = lengths.astype(np.float64) ** 2
+    R, M = 2, 2
+    cap = int(max(lengths.max(), np.ceil(1.2 * lengths.sum() / (R * M)))) if capped else None
+    optimum = brute_force(lengths, costs, R, M, objective, cap, equal_count)
+    got = certify.certified_floor(lengths, costs, R, M, objective=objective, max_tokens=cap,
+                                  equal_count=equal_count, time_limit=20, integral_above=integral_above)
+    if objective == "peak":
+        exact = optimum / max(costs.sum() / (R * M), costs.max())
+    else:
+        exact = 1.0 - (costs.sum() / R) / optimum
+    assert got.floor <= exact + 1e-9
+    if integral_above == 0.0 and got.optimal:  # no fluid part: the model is the problem itself
+        assert got.floor == pytest.approx(exact, rel=1e-5, abs=1e-6)
