@@ -75,13 +75,14 @@ def exchange(bins, costs, lengths, microbatches, column_of_bin, levels, token_ca
         _link(head, nxt, prv, i, bins[i])
     picked = np.empty(n, dtype=np.int64)
     done = work = 0
+    partners = np.argsort(excess, kind="mergesort")  # most room first; re-sorted after each exchange
     for b in over:
         if work >= max_work:
             break
         eb = excess[b]
         rb = b // microbatches
         xs = _members(head, nxt, b, costs)
-        for t in np.argsort(excess, kind="mergesort"):
+        for t in partners:
             if -excess[t] < eb or work >= max_work:
                 break
             if t == b or (quotas and t // microbatches != rb):
@@ -122,6 +123,8 @@ def exchange(bins, costs, lengths, microbatches, column_of_bin, levels, token_ca
                 tokens[b] += lengths[y]
             excess[b] = loads[b] - threshold[b]
             excess[t] = loads[t] - threshold[t]
+            partners = np.argsort(excess, kind="mergesort")
+            work += n_bins
             done += 1
             break
     return done

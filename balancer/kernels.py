@@ -121,8 +121,8 @@ def lpt_assign(order, costs, lengths, microbatches, column_of_bin, levels, token
     Each item (in ``order``) goes to the feasible bin minimising ``(load + cost) / level``; bins of
     one column share a level, so the best bin of a column is its least-loaded feasible one. Each
     column keeps a winner tree over its bins (ties: lowest bin id; across columns: lowest column).
-    A bin out of play has key +inf: for good when its rank's quota is full, for one item when the
-    item would break the token cap. ``token_cap`` <= 0: no cap; ``quotas`` False: no quotas.
+    A bin out of play has key +inf: for good when its rank's quota is full or it has no room for the
+    shortest item left, for one item when the item would break the token cap. ``token_cap`` <= 0: no cap; ``quotas`` False: no quotas.
     """
     n_bins = column_of_bin.shape[0]
     n_cols = levels.shape[0]
@@ -163,6 +163,13 @@ def lpt_assign(order, costs, lengths, microbatches, column_of_bin, levels, token
     item_cost = costs[order]  # (N,)
     item_len = lengths[order]  # (N,)
     placed = np.full(order.shape[0], -1, dtype=np.int64)  # bin of order[pos]
+    # shortest[pos]: the shortest item from pos on; a bin without room for it is out for good (under a
+    # tight cap, full bins would otherwise be skipped again for every later item)
+    shortest = np.empty(order.shape[0], dtype=np.int64)
+    run = np.iinfo(np.int64).max
+    for pos in range(order.shape[0] - 1, -1, -1):
+        run = min(run, item_len[pos])
+        shortest[pos] = run
     stash = np.empty(n_bins, dtype=np.int64)
     for pos in range(order.shape[0]):
         cost, length = item_cost[pos], item_len[pos]
@@ -176,6 +183,8 @@ def lpt_assign(order, costs, lengths, microbatches, column_of_bin, levels, token
                 b = slot_bin[slot]
                 if quotas and rank_counts[b // microbatches] >= (lo + 1 if n_at_hi < n_extra else lo):
                     keys[slot] = np.inf  # rank full for good
+                elif token_cap > 0 and tokens[b] + shortest[pos] > token_cap:
+                    keys[slot] = np.inf  # no room for any item left: out for good
                 elif token_cap > 0 and tokens[b] + length > token_cap:
                     stash[n_stash] = b
                     n_stash += 1
