@@ -48,6 +48,19 @@ def _greedy_set(x, ys, costs, low, high, out):
     return k if total >= low else -1
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _move(i, src, dst, state):
+    """Sample ``i`` from bin ``src`` to bin ``dst``: membership lists, bins, loads and tokens."""
+    head, nxt, prv, bins, loads, tokens, costs, lengths = state
+    _unlink(head, nxt, prv, i, src)
+    _link(head, nxt, prv, i, dst)
+    bins[i] = dst
+    loads[src] -= costs[i]
+    loads[dst] += costs[i]
+    tokens[src] -= lengths[i]
+    tokens[dst] += lengths[i]
+
+
 @njit(cache=True, nogil=True)
 def exchange(bins, costs, lengths, microbatches, column_of_bin, levels, token_cap, quotas, tolerance, exact_level,
              max_work):
@@ -105,22 +118,10 @@ def exchange(bins, costs, lengths, microbatches, column_of_bin, levels, token_ca
                 break
             if hit < 0:
                 continue
-            _unlink(head, nxt, prv, hit, b)
-            _link(head, nxt, prv, hit, t)
-            bins[hit] = t
-            loads[b] -= costs[hit]
-            loads[t] += costs[hit]
-            tokens[b] -= lengths[hit]
-            tokens[t] += lengths[hit]
+            state = (head, nxt, prv, bins, loads, tokens, costs, lengths)
+            _move(hit, b, t, state)
             for p in range(k):
-                y = picked[p]
-                _unlink(head, nxt, prv, y, t)
-                _link(head, nxt, prv, y, b)
-                bins[y] = b
-                loads[t] -= costs[y]
-                loads[b] += costs[y]
-                tokens[t] -= lengths[y]
-                tokens[b] += lengths[y]
+                _move(picked[p], t, b, state)
             excess[b] = loads[b] - threshold[b]
             excess[t] = loads[t] - threshold[t]
             partners = np.argsort(excess, kind="mergesort")

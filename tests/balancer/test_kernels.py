@@ -57,19 +57,27 @@ def test_lpt_assign_matches_reference(data):
     np.testing.assert_array_equal(K.lpt_assign(*args), K.lpt_assign_ref(*args))
 
 
-@given(st.data())
-@settings(max_examples=120, deadline=None)
-def test_refine_matches_reference_and_never_worsens(data):
-    # up to 48 bins: more than refine's first batch of partners, so the full scan runs too
-    ranks, microbatches, lengths, costs, cap, quotas = _problem(data, n_max=120, max_ranks=16)
+def _lpt_start(data, max_ranks):
+    """A random problem and its LPT start: (problem, columns, levels, lo, n_extra, start), or None when
+    there are no samples or the cap leaves no room (plan() reports that)."""
+    problem = ranks, microbatches, lengths, costs, cap, quotas = _problem(data, n_max=120, max_ranks=max_ranks)
     if lengths.size == 0:
-        return
+        return None
     column_of_bin, levels = _columns(data, lengths, costs, ranks, microbatches)
     order = K.order_by_length_desc(lengths, 0)
     lo, n_extra = len(lengths) // ranks, len(lengths) % ranks
     start = K.lpt_assign(order, costs, lengths, microbatches, column_of_bin, levels, cap, quotas, lo, n_extra)
-    if np.any(start < 0):
-        return  # infeasible under the cap: plan() reports it
+    return None if np.any(start < 0) else (problem, column_of_bin, levels, lo, n_extra, start)
+
+
+@given(st.data())
+@settings(max_examples=120, deadline=None)
+def test_refine_matches_reference_and_never_worsens(data):
+    # up to 48 bins: more than refine's first batch of partners, so the full scan runs too
+    drawn = _lpt_start(data, max_ranks=16)
+    if drawn is None:
+        return
+    (ranks, microbatches, lengths, costs, cap, quotas), column_of_bin, levels, lo, n_extra, start = drawn
     fast, slow = start.copy(), start.copy()
     tolerance = data.draw(st.sampled_from([0.0, 1e-3]))
     # a work budget stops the kernel early, on the path of the unbudgeted search
@@ -111,15 +119,10 @@ def test_lpt_assign_reports_unplaceable_item():
 @given(st.data())
 @settings(max_examples=150, deadline=None)
 def test_exchange_matches_reference_and_only_lowers_bins_over_threshold(data):
-    ranks, microbatches, lengths, costs, cap, quotas = _problem(data, n_max=120, max_ranks=8)
-    if lengths.size == 0:
+    drawn = _lpt_start(data, max_ranks=8)
+    if drawn is None:
         return
-    column_of_bin, levels = _columns(data, lengths, costs, ranks, microbatches)
-    order = K.order_by_length_desc(lengths, 0)
-    lo, n_extra = len(lengths) // ranks, len(lengths) % ranks
-    start = K.lpt_assign(order, costs, lengths, microbatches, column_of_bin, levels, cap, quotas, lo, n_extra)
-    if np.any(start < 0):
-        return
+    (ranks, microbatches, lengths, costs, cap, quotas), column_of_bin, levels, lo, n_extra, start = drawn
     tolerance = data.draw(st.sampled_from([0.0, 1e-3]))
     exact = float(costs.max())
     if data.draw(st.booleans()):  # usually after refine, as balanced calls it
