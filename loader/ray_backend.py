@@ -241,9 +241,13 @@ class RayStream:
                 if kind == "error":
                     raise value
                 continue
+            # Map the rows it reads (zero-copy on this node) before asking for the next step: until then
+            # the coordinator holds this share, so the owner of these objects keeps its own reference
+            # while this process borrows them. Asked for first, a rank's fetch could wait forever on an
+            # object its owner had already let go (a rank "stopped taking its queued steps").
+            value.sources = ray.get(value.sources)
             self.want[rank] = value.step + 1
             self.ahead[rank] = self._request(rank)
-            value.sources = ray.get(value.sources)  # the rows it reads: zero-copy on this node
             shares[rank] = value
         return shares or None
 

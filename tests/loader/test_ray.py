@@ -198,3 +198,26 @@ def test_a_rank_that_fails_does_not_hold_the_others(ray_address, data, monkeypat
     with SequenceLoader(data, backend="inline", **KWARGS) as inline:
         steps = len(collect(inline))
     assert [len(per_rank[r]) for r in (0, 2)] == [2 * steps, 2 * steps] and len(per_rank[1]) == 2 * 2
+
+
+def test_a_rank_maps_its_rows_before_asking_for_the_next_step(ray_address, data, monkeypatch):
+    # The coordinator holds the share it handed out last until the rank asks for a later step, so mapping
+    # the rows first means their owner still holds them while this process borrows them. Asked for first,
+    # a rank could wait forever for a row group its owner had let go (the bench's stalled rank).
+    events, real_get, real_request = [], ray.get, ray_backend.RayStream._request
+
+    def get(refs, **kwargs):
+        if isinstance(refs, list):  # a share's sources
+            events.append("map")
+        return real_get(refs, **kwargs)
+
+    def request(stream, rank):
+        events.append(("ask", stream.want[rank]))
+        return real_request(stream, rank)
+
+    monkeypatch.setattr(ray, "get", get)
+    monkeypatch.setattr(ray_backend.RayStream, "_request", request)
+    with SequenceLoader(data, ranks=1, microbatches=2, samples_per_step=40, num_readers=2, backend="ray") as loader:
+        assert sum(1 for _ in loader.iter_rank(0)) == 2 * 5
+    asks = [i for i, e in enumerate(events) if e != "map" and e[1] > 0 and events[i - 1] != e]  # repeats: "wait"
+    assert len(asks) == 5 and all(events[i - 1] == "map" for i in asks), events
