@@ -15,8 +15,8 @@ or nothing helps), compete:
   unconstrained batches (>= ``FILL_ONLY_SAMPLES``), where it ends within a small sample of the mean.
 - *lpt*: capped LPT onto identical bins (``runs.ring_lpt``), so ``balanced`` is never worse than ``lpt``
   wherever this start runs (the winner may not have a higher peak than this start).
-- *columns* (a sample above the mean bin cost, ``equal_count``, or < ``FILL_ONLY_PER_BIN`` samples per
-  bin): LPT onto the water-filled levels.
+- *columns* (a sample above the mean bin cost, ``equal_count`` below ``FILL_ONLY_SAMPLES`` samples, or
+  < ``FILL_ONLY_PER_BIN`` samples per bin): LPT onto the water-filled levels.
 - *column fill* (same cases, while N * R * M is small): ``colfill.column_fill`` fills slot 0 of every
   rank first fit up to the costliest sample, then slot 1 with what is left, and so on; several large
   samples share a slot-0 bin, so later slots hold only small ones (the lockstep optimum where a few
@@ -125,7 +125,7 @@ def balanced(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
             candidates.append(_Candidate(_refined(problem, start, flat_columns, flat_level, costliest), flat=True))
         except ValueError as exc:  # greedy packing found no room under the cap: other starts may
             failure = exc
-    if costliest > mean or problem.equal_count or failure is not None or small:
+    if costliest > mean or (problem.equal_count and problem.n < FILL_ONLY_SAMPLES) or failure is not None or small:
         order = problem.longest_first()
         levels = column_levels(problem.costs[order], R, M)
         columns = np.arange(n_bins, dtype=np.int64) % M
