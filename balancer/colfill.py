@@ -14,8 +14,9 @@ taken in the given order (costliest first):
   sample left;
 - below the last slot, a sample goes to the first rank (lowest id) whose slot-j bin stays within the
   level, the token cap and its rank's sample quota; one that fits nowhere waits for the next slot;
-- in the last slot, a sample goes to the least loaded feasible rank (ties: lowest id); if no rank is
-  feasible the start fails (its samples stay -1).
+- in the last slot, a sample goes to the least loaded feasible rank (ties: lowest id); where the cap
+  or the quotas leave no rank feasible there, to the least loaded feasible bin of any slot (ties:
+  lowest bin id); if there is none the start fails (its samples stay -1).
 
 Returns each sample's bin ``rank * M + slot`` (int64 (N,)) and the slot levels (float64 (M,)). Work is
 O(N * R * M): ``balanced`` runs it only where that is small.
@@ -37,6 +38,8 @@ def column_fill(order, costs, lengths, ranks, microbatches, token_cap, quotas, l
     rank_counts = np.zeros(ranks, dtype=np.int64)
     n_at_hi = 0
     remaining = order.copy()
+    all_loads = np.zeros(ranks * microbatches, dtype=np.float64)
+    all_tokens = np.zeros(ranks * microbatches, dtype=np.int64)
     n_left = n
     left_cost = 0.0
     for p in range(n):
@@ -64,15 +67,28 @@ def column_fill(order, costs, lengths, ranks, microbatches, token_cap, quotas, l
                 elif loads[r] + costs[i] <= level:
                     target = r
                     break
-            if target < 0:
-                if last:
+            b = target * microbatches + j
+            if target < 0 and last:  # the last slot is full under the cap: the least loaded bin with room
+                for c in range(ranks * microbatches):
+                    if token_cap > 0 and all_tokens[c] + lengths[i] > token_cap:
+                        continue
+                    if not _room(rank_counts, c // microbatches, quotas, lo, n_at_hi, n_extra):
+                        continue
+                    if b < 0 or all_loads[c] < all_loads[b]:
+                        b = c
+                if b < 0:
                     return np.full(costs.shape[0], -1, dtype=np.int64), levels
+                target = b // microbatches
+            elif target < 0:
                 remaining[kept] = i
                 kept += 1
                 continue
-            bins[i] = target * microbatches + j
-            loads[target] += costs[i]
-            tokens[target] += lengths[i]
+            bins[i] = b
+            all_loads[b] += costs[i]
+            all_tokens[b] += lengths[i]
+            if b % microbatches == j:
+                loads[target] += costs[i]
+                tokens[target] += lengths[i]
             rank_counts[target] += 1
             if quotas and rank_counts[target] == lo + 1:
                 n_at_hi += 1
@@ -88,6 +104,7 @@ def column_fill_ref(order, costs, lengths, ranks, microbatches, token_cap, quota
     rank_counts = [0] * ranks
     n_at_hi = 0
     remaining = [int(i) for i in order]
+    all_loads, all_tokens = [0.0] * (ranks * microbatches), [0] * (ranks * microbatches)
     left_cost = 0.0
     for i in remaining:
         left_cost += costs[i]
@@ -102,19 +119,28 @@ def column_fill_ref(order, costs, lengths, ranks, microbatches, token_cap, quota
             feasible = [r for r in range(ranks)
                         if (token_cap <= 0 or tokens[r] + lengths[i] <= token_cap)
                         and (not quotas or rank_counts[r] < room)]
-            if j == microbatches - 1:
-                if not feasible:
+            if j == microbatches - 1 and feasible:
+                b = min(feasible, key=lambda r: (loads[r], r)) * microbatches + j
+            elif j == microbatches - 1:  # the last slot is full under the cap: the least loaded bin with room
+                open_bins = [c for c in range(ranks * microbatches)
+                             if (token_cap <= 0 or all_tokens[c] + lengths[i] <= token_cap)
+                             and (not quotas or rank_counts[c // microbatches] < room)]
+                if not open_bins:
                     return np.full(len(costs), -1, dtype=np.int64), levels
-                target = min(feasible, key=lambda r: (loads[r], r))
+                b = min(open_bins, key=lambda c: (all_loads[c], c))
             else:
                 fits = [r for r in feasible if loads[r] + costs[i] <= level]
                 if not fits:
                     kept.append(i)
                     continue
-                target = fits[0]
-            bins[i] = target * microbatches + j
-            loads[target] += costs[i]
-            tokens[target] += int(lengths[i])
+                b = fits[0] * microbatches + j
+            target = b // microbatches
+            bins[i] = b
+            all_loads[b] += costs[i]
+            all_tokens[b] += int(lengths[i])
+            if b % microbatches == j:
+                loads[target] += costs[i]
+                tokens[target] += int(lengths[i])
             rank_counts[target] += 1
             if quotas and rank_counts[target] == lo + 1:
                 n_at_hi += 1
