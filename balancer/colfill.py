@@ -38,8 +38,8 @@ def column_fill(order, costs, lengths, ranks, microbatches, token_cap, quotas, l
     rank_counts = np.zeros(ranks, dtype=np.int64)
     n_at_hi = 0
     remaining = order.copy()
-    all_loads = np.zeros(ranks * microbatches, dtype=np.float64)
-    all_tokens = np.zeros(ranks * microbatches, dtype=np.int64)
+    loads = np.zeros(ranks * microbatches, dtype=np.float64)  # per bin b = rank * M + slot
+    tokens = np.zeros(ranks * microbatches, dtype=np.int64)
     n_left = n
     left_cost = 0.0
     for p in range(n):
@@ -50,45 +50,40 @@ def column_fill(order, costs, lengths, ranks, microbatches, token_cap, quotas, l
         level = max(left_cost / (ranks * (microbatches - j)), costs[remaining[0]])
         levels[j] = level
         last = j == microbatches - 1
-        loads = np.zeros(ranks, dtype=np.float64)
-        tokens = np.zeros(ranks, dtype=np.int64)
         kept = 0
         for p in range(n_left):
             i = remaining[p]
-            target = -1
+            b = -1
             for r in range(ranks):
-                if token_cap > 0 and tokens[r] + lengths[i] > token_cap:
+                c = r * microbatches + j
+                if token_cap > 0 and tokens[c] + lengths[i] > token_cap:
                     continue
                 if not _room(rank_counts, r, quotas, lo, n_at_hi, n_extra):
                     continue
                 if last:
-                    if target < 0 or loads[r] < loads[target]:
-                        target = r
-                elif loads[r] + costs[i] <= level:
-                    target = r
+                    if b < 0 or loads[c] < loads[b]:
+                        b = c
+                elif loads[c] + costs[i] <= level:
+                    b = c
                     break
-            b = target * microbatches + j
-            if target < 0 and last:  # the last slot is full under the cap: the least loaded bin with room
+            if b < 0 and last:  # the last slot is full under the cap: the least loaded bin with room
                 for c in range(ranks * microbatches):
-                    if token_cap > 0 and all_tokens[c] + lengths[i] > token_cap:
+                    if token_cap > 0 and tokens[c] + lengths[i] > token_cap:
                         continue
                     if not _room(rank_counts, c // microbatches, quotas, lo, n_at_hi, n_extra):
                         continue
-                    if b < 0 or all_loads[c] < all_loads[b]:
+                    if b < 0 or loads[c] < loads[b]:
                         b = c
                 if b < 0:
                     return np.full(costs.shape[0], -1, dtype=np.int64), levels
-                target = b // microbatches
-            elif target < 0:
+            elif b < 0:
                 remaining[kept] = i
                 kept += 1
                 continue
             bins[i] = b
-            all_loads[b] += costs[i]
-            all_tokens[b] += lengths[i]
-            if b % microbatches == j:
-                loads[target] += costs[i]
-                tokens[target] += lengths[i]
+            loads[b] += costs[i]
+            tokens[b] += lengths[i]
+            target = b // microbatches
             rank_counts[target] += 1
             if quotas and rank_counts[target] == lo + 1:
                 n_at_hi += 1
@@ -104,7 +99,7 @@ def column_fill_ref(order, costs, lengths, ranks, microbatches, token_cap, quota
     rank_counts = [0] * ranks
     n_at_hi = 0
     remaining = [int(i) for i in order]
-    all_loads, all_tokens = [0.0] * (ranks * microbatches), [0] * (ranks * microbatches)
+    loads, tokens = [0.0] * (ranks * microbatches), [0] * (ranks * microbatches)  # per bin
     left_cost = 0.0
     for i in remaining:
         left_cost += costs[i]
@@ -113,36 +108,33 @@ def column_fill_ref(order, costs, lengths, ranks, microbatches, token_cap, quota
             break
         level = max(left_cost / (ranks * (microbatches - j)), costs[remaining[0]])
         levels[j] = level
-        loads, tokens, kept = [0.0] * ranks, [0] * ranks, []
+        kept = []
         for i in remaining:
             room = (lo + 1 if n_at_hi < n_extra else lo)
-            feasible = [r for r in range(ranks)
-                        if (token_cap <= 0 or tokens[r] + lengths[i] <= token_cap)
-                        and (not quotas or rank_counts[r] < room)]
-            if j == microbatches - 1 and feasible:
-                b = min(feasible, key=lambda r: (loads[r], r)) * microbatches + j
+
+            def open_bin(c):
+                return ((token_cap <= 0 or tokens[c] + lengths[i] <= token_cap)
+                        and (not quotas or rank_counts[c // microbatches] < room))
+
+            in_slot = [r * microbatches + j for r in range(ranks) if open_bin(r * microbatches + j)]
+            if j == microbatches - 1 and in_slot:
+                b = min(in_slot, key=lambda c: (loads[c], c))
             elif j == microbatches - 1:  # the last slot is full under the cap: the least loaded bin with room
-                open_bins = [c for c in range(ranks * microbatches)
-                             if (token_cap <= 0 or all_tokens[c] + lengths[i] <= token_cap)
-                             and (not quotas or rank_counts[c // microbatches] < room)]
-                if not open_bins:
+                anywhere = [c for c in range(ranks * microbatches) if open_bin(c)]
+                if not anywhere:
                     return np.full(len(costs), -1, dtype=np.int64), levels
-                b = min(open_bins, key=lambda c: (all_loads[c], c))
+                b = min(anywhere, key=lambda c: (loads[c], c))
             else:
-                fits = [r for r in feasible if loads[r] + costs[i] <= level]
+                fits = [c for c in in_slot if loads[c] + costs[i] <= level]
                 if not fits:
                     kept.append(i)
                     continue
-                b = fits[0] * microbatches + j
-            target = b // microbatches
+                b = fits[0]
             bins[i] = b
-            all_loads[b] += costs[i]
-            all_tokens[b] += int(lengths[i])
-            if b % microbatches == j:
-                loads[target] += costs[i]
-                tokens[target] += int(lengths[i])
-            rank_counts[target] += 1
-            if quotas and rank_counts[target] == lo + 1:
+            loads[b] += costs[i]
+            tokens[b] += int(lengths[i])
+            rank_counts[b // microbatches] += 1
+            if quotas and rank_counts[b // microbatches] == lo + 1:
                 n_at_hi += 1
             left_cost -= costs[i]
         remaining = kept

@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from balancer.kernels import _link, _members, _unlink, bin_thresholds
+from balancer.kernels import _link, _members, _unlink, bin_thresholds, member_lists
 
 
 @njit(cache=True, nogil=True)
@@ -81,11 +81,7 @@ def exchange(bins, costs, lengths, microbatches, column_of_bin, levels, token_ca
     if over.shape[0] == 0:
         return 0
     over = over[np.argsort(-excess[over], kind="mergesort")]
-    head = np.full(n_bins, -1, dtype=np.int64)
-    nxt = np.full(n, -1, dtype=np.int64)
-    prv = np.full(n, -1, dtype=np.int64)
-    for i in range(n - 1, -1, -1):
-        _link(head, nxt, prv, i, bins[i])
+    head, nxt, prv = member_lists(bins, n_bins)
     picked = np.empty(n, dtype=np.int64)
     done = work = 0
     partners = np.argsort(excess, kind="mergesort")  # most room first; re-sorted after each exchange

@@ -291,6 +291,19 @@ def _link(head, nxt, prv, i, b):
     head[b] = i
 
 
+@njit(cache=True, nogil=True)
+def member_lists(bins, n_bins):
+    """Doubly linked member lists of every bin: ``head`` (n_bins,), ``nxt``/``prv`` (N,), -1 = none;
+    each bin's list in ascending sample index."""
+    n = bins.shape[0]
+    head = np.full(n_bins, -1, dtype=np.int64)
+    nxt = np.full(n, -1, dtype=np.int64)
+    prv = np.full(n, -1, dtype=np.int64)
+    for i in range(n - 1, -1, -1):
+        _link(head, nxt, prv, i, bins[i])
+    return head, nxt, prv
+
+
 @njit(cache=True, nogil=True, inline="always")
 def _pair_score(eb, lb, hb, tb, lt, ht, tt, d):
     """How much moving cost ``d`` from bin b (excess ``eb``) to bin t lowers the pair's max excess.
@@ -433,11 +446,7 @@ def refine(bins, costs, lengths, microbatches, column_of_bin, levels, token_cap,
     excess = loads / level - threshold  # (n_bins,), kept current
     if np.max(excess) <= 0.0:
         return 0  # already balanced: skip building the member lists
-    head = np.full(n_bins, -1, dtype=np.int64)
-    nxt = np.full(n, -1, dtype=np.int64)
-    prv = np.full(n, -1, dtype=np.int64)
-    for i in range(n - 1, -1, -1):
-        _link(head, nxt, prv, i, bins[i])
+    head, nxt, prv = member_lists(bins, n_bins)
     stuck = np.zeros(n_bins, dtype=np.bool_)  # over threshold, but no move or swap helps it now
     n_stuck = 0
     steps = work = 0

@@ -37,6 +37,7 @@ Needs highspy (in the ``bench`` and ``test`` extras); a bench tool, not part of 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -114,8 +115,6 @@ def certified_floor(lengths, costs, ranks: int, microbatches: int, *, objective:
 
     ``peak_cap`` (lockstep only, cost units): the floor over plans whose costliest microbatch is at most
     this (without it, stacking each rank's work into one microbatch reaches the step bubble)."""
-    import time
-
     if objective not in ("peak", "lockstep"):
         raise ValueError(f"objective must be 'peak' or 'lockstep', got {objective!r}")
     started = time.perf_counter()
