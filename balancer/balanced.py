@@ -11,11 +11,11 @@ over its level by the best single move or swap with a lighter bin, until every b
 or nothing helps), compete:
 
 - *fill* (no cap, no ``equal_count``): ``runs.deficit_fill`` deals samples, longest first, round-robin
-  over the bins still missing at least their cost. O(1) per sample, no sort: the only start on large
-  unconstrained batches (>= ``FILL_ONLY_SAMPLES``), where it ends within a small sample of the mean.
-- *lpt*: capped LPT onto identical bins (``runs.ring_lpt``), so ``balanced`` is never worse than ``lpt``
-  wherever this start runs (the winner may not have a higher peak than this start).
-- *columns* (a sample above the mean bin cost, ``equal_count`` below ``FILL_ONLY_SAMPLES`` samples, or
+  over the bins still missing at least their cost. O(1) per sample, no sort; below ``LPT_ONLY_SAMPLES``.
+- *lpt* (always): capped LPT onto identical bins (``runs.ring_lpt``), so ``balanced`` is never worse than
+  ``lpt`` (the winner may not have a higher peak than this start); the only start from
+  ``LPT_ONLY_SAMPLES`` on.
+- *columns* (a sample above the mean bin cost, ``equal_count`` below ``LPT_ONLY_SAMPLES`` samples, or
   < ``FILL_ONLY_PER_BIN`` samples per bin): LPT onto the water-filled levels.
 - *column fill* (same cases, while N * R * M is small): ``colfill.column_fill`` fills slot 0 of every
   rank first fit up to the costliest sample, then slot 1 with what is left, and so on; several large
@@ -26,7 +26,10 @@ or nothing helps), compete:
   when that finds no room): the start that keeps tight caps with ``equal_count`` feasible.
 
 After the local search, ``exchange.exchange`` swaps one sample of a bin still over its level for a set
-of a lighter bin's samples, which reaches slivers no single move or swap can.
+of a lighter bin's samples, which reaches slivers no single move or swap can. Flat starts then go
+through ``tighten.tighten``: the peak bin swaps one or two of its smallest samples for one or two of
+the lightest bin's, worth about half their gap, down to the last cost unit (the refine tolerance
+leaves large batches up to 1e-4 over the mean; ``kk``'s differencing gets within ~1e-9).
 The local search has a work budget linear in N (``REFINE_WORK_PER_SAMPLE``), so planning stays O(N)
 even where most bins cannot be improved (few samples per bin under tight constraints).
 The winner has the lowest peak bin cost; peaks within ``CHOICE_TOLERANCE`` of it count as equal and
@@ -48,6 +51,7 @@ from balancer.lpt import flat_lpt_bins
 from balancer.metrics import lockstep_bubble
 from balancer.registry import Problem, register
 from balancer.runs import deficit_fill, spread_runs
+from balancer.tighten import tighten
 from balancer.zigzag import serpentine
 
 # Accepted refinement steps per bin before giving up on the last tiny gains.
@@ -58,6 +62,8 @@ REFINE_WORK_PER_SAMPLE = 256
 # Refinement stops when every bin is within this fraction of its level (exactly at it where the
 # level is the costliest sample's cost: that bound is always reachable and is the plan's peak).
 REFINE_TOLERANCE = 1e-4
+# Small-sample swaps per bin that may lower a flat plan's peak after the local search.
+TIGHTEN_STEPS_PER_BIN = 4
 # Plans whose peaks differ by less than this fraction tie, and the lower lockstep bubble wins.
 CHOICE_TOLERANCE = 1e-5
 # Spare capacity of the columns below the top level: discrete samples cannot fill every bin exactly,
@@ -67,9 +73,9 @@ LEVEL_SLACK = 2e-4
 FILL_ONLY_PER_BIN = 64
 # The column-fill start (first fit, O(N * R * M)) runs while N * R * M stays below this.
 COLUMN_FILL_WORK = 1 << 27
-# From this many samples on, unconstrained batches use the fill start alone (O(N); at 1M samples it
-# ends below LPT, in less time than LPT alone).
-FILL_ONLY_SAMPLES = 1 << 18
+# From this many samples on, the lpt start runs alone (O(N) over runs of equal length; tightened, its
+# flat plan ends within a cost unit of the mean at 1M samples, where the other starts only cost time).
+LPT_ONLY_SAMPLES = 1 << 18
 
 
 def column_levels(desc_costs: np.ndarray, ranks: int, microbatches: int) -> np.ndarray:
@@ -114,18 +120,17 @@ def balanced(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
     failure: ValueError | None = None
     ceiling = np.inf  # the lpt start's peak: the winner may not exceed it
     unconstrained = problem.max_tokens is None and not problem.equal_count
-    if unconstrained:
+    if unconstrained and problem.n < LPT_ONLY_SAMPLES:
         candidates.append(_Candidate(_refined(problem, _fill_start(problem, mean), flat_columns, flat_level,
                                               costliest), flat=True))
     small = problem.n < FILL_ONLY_PER_BIN * n_bins
-    if not unconstrained or problem.n < FILL_ONLY_SAMPLES:
-        try:
-            start = flat_lpt_bins(problem)
-            ceiling = _peak(problem, start)
-            candidates.append(_Candidate(_refined(problem, start, flat_columns, flat_level, costliest), flat=True))
-        except ValueError as exc:  # greedy packing found no room under the cap: other starts may
-            failure = exc
-    if costliest > mean or (problem.equal_count and problem.n < FILL_ONLY_SAMPLES) or failure is not None or small:
+    try:
+        start = flat_lpt_bins(problem)
+        ceiling = _peak(problem, start)
+        candidates.append(_Candidate(_refined(problem, start, flat_columns, flat_level, costliest), flat=True))
+    except ValueError as exc:  # greedy packing found no room under the cap: other starts may
+        failure = exc
+    if costliest > mean or (problem.equal_count and problem.n < LPT_ONLY_SAMPLES) or failure is not None or small:
         order = problem.longest_first()
         levels = column_levels(problem.costs[order], R, M)
         columns = np.arange(n_bins, dtype=np.int64) % M
@@ -179,6 +184,9 @@ def _refined(problem: Problem, bins: np.ndarray, columns: np.ndarray, levels: np
     )
     exchange(bins, problem.costs, problem.lengths, problem.microbatches, columns, levels, problem.token_cap(),
              quotas, REFINE_TOLERANCE, costliest, work)
+    if levels.shape[0] == 1:
+        tighten(bins, problem.costs, problem.lengths, problem.n_bins, problem.microbatches, problem.token_cap(),
+                quotas, float(levels[0]), TIGHTEN_STEPS_PER_BIN * problem.n_bins)
     return bins
 
 
