@@ -63,7 +63,7 @@ REFINE_WORK_PER_SAMPLE = 256
 # level is the costliest sample's cost: that bound is always reachable and is the plan's peak).
 REFINE_TOLERANCE = 1e-4
 # Small-sample swaps per bin that may lower a flat plan's peak after the local search.
-TIGHTEN_STEPS_PER_BIN = 4
+TIGHTEN_STEPS_PER_BIN = 2
 # Plans whose peaks differ by less than this fraction tie, and the lower lockstep bubble wins.
 CHOICE_TOLERANCE = 1e-5
 # Spare capacity of the columns below the top level: discrete samples cannot fill every bin exactly,
