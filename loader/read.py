@@ -45,7 +45,9 @@ def read_unit(index: SourceIndex, unit: int, *, max_seq_len: int | None, skip_co
         )
     users = table.column(index.columns.user).combine_chunks().cast(pa.int64())
     user_null = users.is_null().to_numpy(zero_copy_only=False) if users.null_count else None
-    user_ids = users.fill_null(0).to_numpy(zero_copy_only=False)
+    if users.null_count:
+        users = users.fill_null(0)
+    user_ids = _view(users)
     lists = {column: _list_column(table.column(column).combine_chunks(), t) for column, t in index.lists}
     return clean(user_ids, user_null, lists, items=index.columns.items, max_seq_len=max_seq_len)
 
@@ -59,11 +61,18 @@ def _list_column(array: pa.Array, value_type: pa.DataType) -> ListColumn:
     if values.type != value_type:
         values = pc.cast(values, value_type)
     return ListColumn(
-        offsets=np.asarray(array.offsets, dtype=np.int64),
-        values=values.to_numpy(zero_copy_only=False),
+        offsets=_view(array.offsets).astype(np.int64),
+        values=_view(values),
         row_null=array.is_null().to_numpy(zero_copy_only=False) if array.null_count else None,
         event_null=event_null,
     )
+
+
+def _view(array: pa.Array) -> np.ndarray:
+    """A fixed-width array without nulls as a zero-copy NumPy view of its data buffer. (pyarrow's
+    ``to_numpy`` and ``np.asarray`` import pandas on first use: about a second of start-up per reader.)"""
+    dtype = np.dtype(array.type.to_pandas_dtype())
+    return np.frombuffer(array.buffers()[1], dtype=dtype, count=len(array), offset=array.offset * dtype.itemsize)
 
 
 def _one_line(exc: Exception) -> str:
