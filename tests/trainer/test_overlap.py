@@ -1,0 +1,89 @@
+"""Overlap on and off give the same losses and parameters, with collisions and exclusive rows present."""
+import pytest
+import torch
+import torch.distributed as dist
+
+from tests.trainer.dist import LoopbackExchange, run_world
+from trainer.embedding import ShardedEmbedding
+from trainer.exchange import TorchExchange
+from trainer.overlap import OverlapScheduler, make_prefetch_exchange
+
+NUM_ITEMS, DIM, STEPS, MICRO = 61, 4, 20, 2
+
+
+def make_steps(rank: int, seed: int = 0):
+    """STEPS steps of MICRO microbatches (ids (T,), target (T, DIM)) for `rank`; one empty microbatch."""
+    gen = torch.Generator().manual_seed(seed * 1000 + rank)
+    steps = []
+    for s in range(STEPS):
+        step = []
+        for m in range(MICRO):
+            length = 0 if (s == 2 and m == 0 and rank == 0) else int(torch.randint(1, 12, (1,), generator=gen))
+            step.append((torch.randint(0, NUM_ITEMS, (length,), generator=gen), torch.randn(length, DIM, generator=gen)))
+        steps.append(step)
+    return steps
+
+
+def train(scheduler, steps, dense):
+    """Runs the steps; the dense parameter `dense` (DIM,) shows compute reading the rows. Returns losses, stats."""
+    losses = []
+
+    def compute(mb, rows):
+        ids, target = mb
+        loss = 0.5 * (torch.tanh(rows * dense) - target).pow(2).sum()
+        loss.backward()
+        losses.append(loss.detach())
+
+    def step_end():
+        with torch.no_grad():
+            dense.sub_(0.05 * dense.grad)
+        dense.grad = None
+
+    stats = list(scheduler.run(steps, ids=lambda mb: mb[0], compute=compute, step_end=step_end))
+    return torch.stack(losses), stats
+
+
+def _check_overlap(rank, world):
+    prefetch = make_prefetch_exchange("gloo")
+    steps = make_steps(rank)
+    results = {}
+    for overlap in (False, True):
+        emb = ShardedEmbedding(NUM_ITEMS, DIM, exchange=TorchExchange(), init_seed=5, lr=0.1)
+        dense = torch.ones(DIM, requires_grad=True)
+        scheduler = OverlapScheduler(emb, overlap=overlap, prefetch_exchange=prefetch if overlap else None)
+        losses, stats = train(scheduler, steps, dense)
+        results[overlap] = (losses, emb.weight.clone(), emb.accumulator.clone(), dense.detach().clone(), stats)
+    off, on = results[False], results[True]
+    for a, b in zip(off[:4], on[:4]):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+    assert [s.step for s in on[4]] == list(range(STEPS))
+    counts = torch.tensor([sum(s.exclusive for s in on[4]), sum(s.collisions for s in on[4])])
+    assert on[4][-1].exclusive == on[4][-1].collisions == 0  # the last step prefetches nothing
+    assert all(s.exclusive == s.collisions == 0 for s in off[4])
+    assert all(s.exposed_s >= 0 and s.hidden_s >= 0 for s in on[4] + off[4])
+    dist.all_reduce(counts)
+    assert counts[0] > 0 and counts[1] > 0, f"exclusive, collisions = {counts.tolist()}"
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_overlap_equals_plain_schedule(world):
+    run_world(_check_overlap, world)
+
+
+def test_overlap_needs_a_prefetch_exchange():
+    emb = ShardedEmbedding(NUM_ITEMS, DIM, exchange=LoopbackExchange(), init_seed=0)
+    with pytest.raises(ValueError, match="overlap=True needs prefetch_exchange"):
+        OverlapScheduler(emb, overlap=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_overlap_on_cuda_stream_single_rank():
+    emb = ShardedEmbedding(NUM_ITEMS, DIM, exchange=LoopbackExchange(), init_seed=5, lr=0.1, device="cuda")
+    plain = ShardedEmbedding(NUM_ITEMS, DIM, exchange=LoopbackExchange(), init_seed=5, lr=0.1, device="cuda")
+    steps = [[(ids.cuda(), t.cuda()) for ids, t in step] for step in make_steps(0)]
+    on = train(OverlapScheduler(emb, overlap=True, prefetch_exchange=LoopbackExchange()), steps,
+               torch.ones(DIM, device="cuda", requires_grad=True))[0]
+    off = train(OverlapScheduler(plain, overlap=False), steps, torch.ones(DIM, device="cuda", requires_grad=True))[0]
+    torch.testing.assert_close(on, off, rtol=0, atol=1e-6)
+    torch.testing.assert_close(emb.weight, plain.weight, rtol=0, atol=1e-6)
