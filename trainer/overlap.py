@@ -166,7 +166,9 @@ class OverlapScheduler:
         if done is not None:
             main = torch.cuda.current_stream()
             main.wait_event(done)
-            fetch.rows.record_stream(main)
+            for tensor in (fetch.inverse, fetch.served, fetch.rows, fetch.collided, fetch.deferred):
+                if tensor is not None:  # made on the prefetch stream, used and freed on the main stream
+                    tensor.record_stream(main)
         return fetch
 
     def _update(self, step_end: Callable[[], None] | None) -> None:
