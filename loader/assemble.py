@@ -73,6 +73,7 @@ def plan_step(
             cost_model=config.cost_model,
             max_tokens=config.max_tokens,
             equal_count=config.equal_count,
+            method=config.planner,
             seed=config.seed,
         )
     except ValueError as exc:
@@ -111,5 +112,6 @@ def warm_up(config: LoaderConfig) -> None:
         if config.max_tokens is None or (lengths.max() <= config.max_tokens and lengths.sum() <= config.max_tokens * bins):
             balancer.plan(
                 lengths, ranks=config.ranks, microbatches=config.microbatches, cost_model=config.cost_model,
-                max_tokens=config.max_tokens, equal_count=config.equal_count, seed=config.seed,
+                max_tokens=config.max_tokens, equal_count=config.equal_count, method=config.planner,
+                seed=config.seed,
             )

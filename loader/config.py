@@ -7,7 +7,7 @@ import zlib
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-from balancer import CostModel
+from balancer import CostModel, available_methods
 from loader.schema import Columns
 from loader.sources import SourceIndex
 
@@ -39,6 +39,7 @@ class LoaderConfig:
     skip_corrupt: bool = False
     shuffle_window: int | None = None
     pin_memory: bool = False
+    planner: str = "balanced"
 
     def __post_init__(self) -> None:
         for key in ("ranks", "microbatches", "samples_per_step", "prefetch_steps"):
@@ -58,6 +59,11 @@ class LoaderConfig:
         if self.columns is not None and not isinstance(self.columns, Columns):
             raise ValueError(
                 f"columns must be a loader.schema.Columns or None, got {type(self.columns).__name__}"
+            )
+        if self.planner not in available_methods():
+            raise ValueError(
+                f"planner must be one of {', '.join(map(repr, available_methods()))}, got {self.planner!r} "
+                "(balanced is ours; the others are the reference planners, e.g. naive for an unbalanced run)"
             )
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {self.backend!r}")

@@ -55,6 +55,7 @@ class SequenceLoader:
         skip_corrupt: bool = False,
         shuffle_window: int | None = None,
         pin_memory: bool = False,
+        planner: str = "balanced",
     ) -> None:
         self.config = LoaderConfig(
             ranks=ranks, microbatches=microbatches, samples_per_step=samples_per_step,
@@ -62,7 +63,7 @@ class SequenceLoader:
             equal_count=equal_count, seed=seed, shuffle=shuffle, drop_last=drop_last, backend=backend,
             num_readers=num_readers, columns=columns, name=name, ray_address=ray_address,
             prefetch_steps=prefetch_steps, skip_corrupt=skip_corrupt, shuffle_window=shuffle_window,
-            pin_memory=pin_memory,
+            pin_memory=pin_memory, planner=planner,
         )  # fmt: skip
         if pin_memory and not torch.cuda.is_available():
             raise ValueError("pin_memory=True needs a CUDA device, and torch sees none; pass pin_memory=False")

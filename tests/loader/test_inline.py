@@ -133,6 +133,19 @@ def test_corrupt_row_group_is_named_or_skipped_and_counted(tmp_path):
     assert stats["rows_read"] == 120
 
 
+def test_planner_naive_splits_by_count_and_delivers_the_same_rows(data):
+    # the unbalanced baseline (freescale train --balance off): same steps and rows, equal counts per bin
+    with _loader(data, ranks=2, microbatches=2, samples_per_step=40, planner="naive") as naive:
+        steps = collect(naive)
+    with _loader(data, ranks=2, microbatches=2, samples_per_step=40) as balanced:
+        ours = collect(balanced)
+    assert len(steps) == len(ours) == 5
+    for plain, planned in zip(steps, ours):
+        assert [len(mb["user_ids"]) for rank in plain for mb in rank] == [10, 10, 10, 10]
+        rows = lambda step: sorted(u for rank in step for mb in rank for u in mb["user_ids"])  # noqa: E731
+        assert rows(plain) == rows(planned)
+
+
 def test_bad_arguments_name_the_value(data):
     def build(**kwargs):
         base = dict(ranks=2, microbatches=2, samples_per_step=8, backend="inline")
@@ -150,6 +163,7 @@ def test_bad_arguments_name_the_value(data):
         (dict(prefetch_steps=0), r"prefetch_steps must be a positive integer, got 0"),
         (dict(name=""), r"name must be a non-empty string or None, got ''"),
         (dict(pin_memory=True), r"pin_memory=True needs a CUDA device"),
+        (dict(planner="greedy"), r"planner must be one of .*'naive'.*, got 'greedy'"),
     ]
     for kwargs, message in cases:
         with pytest.raises(ValueError, match=message):
