@@ -26,55 +26,62 @@ from torch import Tensor, nn
 from trainer.attention import RelativeBias, jagged_attention, jagged_positions
 
 
-class HSTUBlock(nn.Module):
-    """``U, V, Q, K = split(SiLU(f1(LN(x))))``; ``y = x + f2(LN(A(Q, K) V) * U)`` with SiLU attention."""
+class _AttentionBlock(nn.Module):
+    """What both blocks share: the input LayerNorm, the relative bias, dropout and the jagged attention call."""
+
+    kind: str
 
     def __init__(self, d_model: int, num_heads: int, *, max_len: int, dropout: float, time_bias: bool):
         super().__init__()
         self.num_heads, self.max_len = num_heads, max_len
         self.norm = nn.LayerNorm(d_model)
-        self.f1 = nn.Linear(d_model, 4 * d_model)
         self.bias = RelativeBias(num_heads, max_len, time_bias=time_bias)
+        self.dropout = nn.Dropout(dropout)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, timestamps: Tensor | None) -> Tensor:
+        """``(T, d)`` x3 -> ``(T, d)``: split into heads, ``jagged_attention`` of this block's kind, merge."""
+        total, d_model = q.shape
+        heads = (total, self.num_heads, d_model // self.num_heads)
+        return jagged_attention(
+            q.reshape(heads), k.reshape(heads), v.reshape(heads), offsets,
+            kind=self.kind, bias=self.bias(offsets, timestamps), max_len=self.max_len,
+        ).reshape(total, d_model)
+
+
+class HSTUBlock(_AttentionBlock):
+    """``U, V, Q, K = split(SiLU(f1(LN(x))))``; ``y = x + f2(LN(A(Q, K) V) * U)`` with SiLU attention."""
+
+    kind = "hstu"
+
+    def __init__(self, d_model: int, num_heads: int, *, max_len: int, dropout: float, time_bias: bool):
+        super().__init__(d_model, num_heads, max_len=max_len, dropout=dropout, time_bias=time_bias)
+        self.f1 = nn.Linear(d_model, 4 * d_model)
         self.attn_norm = nn.LayerNorm(d_model)
         self.f2 = nn.Linear(d_model, d_model)
-        self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor, offsets: Tensor, timestamps: Tensor | None) -> Tensor:
         """``x (T, d) -> (T, d)``."""
-        total, d_model = x.shape
-        u, v, q, k = F.silu(self.f1(self.norm(x))).split(d_model, dim=-1)  # (T, d) each
-        heads = (total, self.num_heads, d_model // self.num_heads)
-        av = jagged_attention(
-            q.reshape(heads), k.reshape(heads), v.reshape(heads), offsets,
-            kind="hstu", bias=self.bias(offsets, timestamps), max_len=self.max_len,
-        ).reshape(total, d_model)
+        u, v, q, k = F.silu(self.f1(self.norm(x))).split(x.shape[1], dim=-1)  # (T, d) each
+        av = self.attend(q, k, v, offsets, timestamps)
         return x + self.dropout(self.f2(self.attn_norm(av) * u))
 
 
-class SoftmaxBlock(nn.Module):
+class SoftmaxBlock(_AttentionBlock):
     """Pre-norm transformer block: causal softmax attention (with relative bias), then a GELU FFN."""
 
+    kind = "softmax"
+
     def __init__(self, d_model: int, num_heads: int, *, max_len: int, dropout: float, time_bias: bool):
-        super().__init__()
-        self.num_heads, self.max_len = num_heads, max_len
-        self.norm = nn.LayerNorm(d_model)
+        super().__init__(d_model, num_heads, max_len=max_len, dropout=dropout, time_bias=time_bias)
         self.qkv = nn.Linear(d_model, 3 * d_model)
-        self.bias = RelativeBias(num_heads, max_len, time_bias=time_bias)
         self.proj = nn.Linear(d_model, d_model)
         self.ffn_norm = nn.LayerNorm(d_model)
         self.ffn = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
-        self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor, offsets: Tensor, timestamps: Tensor | None) -> Tensor:
         """``x (T, d) -> (T, d)``."""
-        total, d_model = x.shape
-        q, k, v = self.qkv(self.norm(x)).split(d_model, dim=-1)  # (T, d) each
-        heads = (total, self.num_heads, d_model // self.num_heads)
-        a = jagged_attention(
-            q.reshape(heads), k.reshape(heads), v.reshape(heads), offsets,
-            kind="softmax", bias=self.bias(offsets, timestamps), max_len=self.max_len,
-        ).reshape(total, d_model)
-        x = x + self.dropout(self.proj(a))
+        q, k, v = self.qkv(self.norm(x)).split(x.shape[1], dim=-1)  # (T, d) each
+        x = x + self.dropout(self.proj(self.attend(q, k, v, offsets, timestamps)))
         return x + self.dropout(self.ffn(self.ffn_norm(x)))
 
 
