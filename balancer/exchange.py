@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from balancer.kernels import _link, _members, _unlink, bin_thresholds, member_lists
+from balancer.kernels import _link, _members, _unlink, bin_thresholds, member_lists, shift
 
 
 @njit(cache=True, nogil=True)
@@ -54,11 +54,7 @@ def _move(i, src, dst, state):
     head, nxt, prv, bins, loads, tokens, costs, lengths = state
     _unlink(head, nxt, prv, i, src)
     _link(head, nxt, prv, i, dst)
-    bins[i] = dst
-    loads[src] -= costs[i]
-    loads[dst] += costs[i]
-    tokens[src] -= lengths[i]
-    tokens[dst] += lengths[i]
+    shift(i, src, dst, bins, loads, tokens, costs, lengths)
 
 
 @njit(cache=True, nogil=True)

@@ -291,6 +291,16 @@ def _link(head, nxt, prv, i, b):
     head[b] = i
 
 
+@njit(cache=True, nogil=True, inline="always")
+def shift(i, src, dst, bins, loads, tokens, costs, lengths):
+    """Sample ``i`` from bin ``src`` to bin ``dst``: its bin, and both bins' loads and tokens."""
+    bins[i] = dst
+    loads[src] -= costs[i]
+    loads[dst] += costs[i]
+    tokens[src] -= lengths[i]
+    tokens[dst] += lengths[i]
+
+
 @njit(cache=True, nogil=True)
 def member_lists(bins, n_bins):
     """Doubly linked member lists of every bin: ``head`` (n_bins,), ``nxt``/``prv`` (N,), -1 = none;

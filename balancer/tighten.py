@@ -40,7 +40,7 @@ import bisect
 import numpy as np
 from numba import njit
 
-from balancer.kernels import _lightest, _link, _members, _unlink, member_lists
+from balancer.kernels import _lightest, _link, _members, _unlink, member_lists, shift
 
 # Smallest samples of a bin whose singles and pairs are offered: 16 give 136 sums.
 SMALLEST = 16
@@ -230,11 +230,7 @@ def tighten(bins, costs, lengths, n_bins, microbatches, token_cap, quotas, floor
                 if head.shape[0]:
                     _unlink(head, nxt, prv, i, src)
                     _link(head, nxt, prv, i, dst)
-                bins[i] = dst
-                loads[src] -= costs[i]
-                loads[dst] += costs[i]
-                tokens[src] -= lengths[i]
-                tokens[dst] += lengths[i]
+                shift(i, src, dst, bins, loads, tokens, costs, lengths)
         done += 1
     return done
 
@@ -316,10 +312,6 @@ def tighten_ref(bins, costs, lengths, n_bins, microbatches, token_cap, quotas, f
                 members[dst] = sorted(members[dst] + [i], key=key)
                 if whole or (pools[dst] and key(i) < key(pools[dst][-1])):
                     pools[dst] = sorted(pools[dst] + [i], key=key)[:POOL]
-                bins[i] = dst
-                loads[src] -= costs[i]
-                loads[dst] += costs[i]
-                tokens[src] -= lengths[i]
-                tokens[dst] += lengths[i]
+                shift.py_func(i, src, dst, bins, loads, tokens, costs, lengths)
         done += 1
     return done
