@@ -25,6 +25,7 @@ def register(sub) -> None:
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--heads", type=int, default=2)
     p.add_argument("--attention", choices=("hstu", "softmax"), default="hstu")
+    p.add_argument("--dropout", type=float, default=0.2, help="dropout of the model (default 0.2)")
     p.add_argument("--max-len", type=int, default=200, help="most recent events kept per history")
     p.add_argument("--negatives", type=int, default=128, help="uniform negatives per microbatch")
     p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate of the dense parameters")
@@ -45,8 +46,8 @@ def _run(args: argparse.Namespace) -> int:
             data=data, nproc=args.nproc, backend=args.backend, steps=args.steps, balance=args.balance == "on",
             overlap=args.overlap == "on", metrics_out=args.metrics_out, microbatches=args.microbatches,
             samples_per_step=args.samples_per_step, d_model=args.d_model, num_layers=args.layers,
-            num_heads=args.heads, attention=args.attention, max_len=args.max_len, negatives=args.negatives,
-            lr=args.lr, emb_lr=args.emb_lr, seed=args.seed, loader_backend=args.loader,
+            num_heads=args.heads, attention=args.attention, dropout=args.dropout, max_len=args.max_len,
+            negatives=args.negatives, lr=args.lr, emb_lr=args.emb_lr, seed=args.seed, loader_backend=args.loader,
             ray_address=args.ray_address,
         )
         summary = train(cfg)

@@ -53,6 +53,7 @@ class TrainConfig:
     num_layers: int = 2
     num_heads: int = 2
     attention: str = "hstu"
+    dropout: float = 0.2
     max_len: int = 200
     negatives: int = 128
     temperature: float = 0.05
@@ -156,7 +157,8 @@ def _train(rank: int, world: int, cfg: TrainConfig, shared: dict, SequenceLoader
     prefetch = TimedExchange(make_prefetch_exchange(cfg.backend), collectives) if cfg.overlap else None
     table = ShardedEmbedding(len(vocabulary.ids), cfg.d_model, exchange=main_exchange, init_seed=cfg.seed,
                              lr=cfg.emb_lr, device=device)
-    model = HSTU(cfg.d_model, cfg.num_layers, cfg.num_heads, attention=cfg.attention, max_len=cfg.max_len).to(device)
+    model = HSTU(cfg.d_model, cfg.num_layers, cfg.num_heads, attention=cfg.attention, max_len=cfg.max_len,
+                 dropout=cfg.dropout).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     scheduler = OverlapScheduler(table, overlap=cfg.overlap, prefetch_exchange=prefetch)
     losses: list[float] = []

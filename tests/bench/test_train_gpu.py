@@ -1,0 +1,22 @@
+"""``bench/train_gpu.py`` end to end on the CPU with tiny sizes (the script, not its numbers)."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+_spec = importlib.util.spec_from_file_location("train_gpu", Path(__file__).parents[2] / "bench" / "train_gpu.py")
+train_gpu = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(train_gpu)
+
+
+def test_smoke_run_reports_every_part(tmp_path):
+    out = tmp_path / "train_gpu.json"
+    result = train_gpu.main(["--device", "cpu", "--quick", "--ranks", "2,3", "--json-out", str(out)])
+    assert json.loads(out.read_text())["bubbles"] == json.loads(json.dumps(result["bubbles"]))
+    assert result["fit"]["microbatches"] == 12 and 0.0 <= result["fit"]["r2"] <= 1.0
+    assert [row["ranks"] for row in result["bubbles"]] == [2, 3]
+    for row in result["bubbles"]:
+        assert 0.0 <= row["measured_balanced"] < 1.0 and 0.0 <= row["measured_naive"] < 1.0
+        assert row["planned_balanced"] <= row["planned_naive"]
+    attention = result["attention"]
+    assert attention["tokens"] <= attention["padded_tokens"] and attention["varlen_tokens_per_s"] > 0
