@@ -149,7 +149,8 @@ def run_rank(rank: int, world: int, cfg: TrainConfig, shared: dict, address: str
 
 
 def _train(rank: int, world: int, cfg: TrainConfig, shared: dict, SequenceLoader) -> dict:
-    device = torch.device(f"cuda:{rank}") if cfg.backend == "nccl" else torch.device("cpu")
+    local = shared.get("local_rank", rank)
+    device = torch.device(f"cuda:{local}") if cfg.backend == "nccl" else torch.device("cpu")
     torch.manual_seed(cfg.seed)  # dense parameters: the same initial values on every rank
     vocabulary: Vocabulary = shared["vocabulary"]
     collectives = Collectives()
@@ -262,9 +263,17 @@ def _spawned(rank: int, world: int, cfg: TrainConfig, shared: dict, address: str
         raise
 
 
+def under_torchrun() -> bool:
+    """Launched by torchrun (or any launcher that sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT)."""
+    return all(key in os.environ for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
 def train(cfg: TrainConfig) -> dict:
-    """Run ``cfg.nproc`` local ranks (spawned, gloo/nccl on 127.0.0.1); the summary, per-rank records
-    in ``cfg.metrics_out`` (JSONL) when set."""
+    """Run ``cfg.nproc`` local ranks (spawned, gloo/nccl on 127.0.0.1), or, under torchrun, this process
+    as one rank of the launcher's world; the summary, per-rank records in ``cfg.metrics_out`` (JSONL,
+    written by rank 0) when set."""
+    if under_torchrun():
+        return _train_torchrun(cfg)
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory(prefix="freescale-train-", dir=cfg.work_dir) as tmp:
@@ -290,6 +299,28 @@ def train(cfg: TrainConfig) -> dict:
                 if p.is_alive():
                     p.kill()
     return report(cfg, results)
+
+
+def _train_torchrun(cfg: TrainConfig) -> dict:
+    """One rank of a torchrun world (``--nproc`` is ignored: WORLD_SIZE ranks). Every rank prepares the same
+    training split in its own temporary folder; rank 0 gathers every rank's records and writes the metrics."""
+    from loader import SequenceLoader
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    with tempfile.TemporaryDirectory(prefix="freescale-train-", dir=cfg.work_dir) as tmp:
+        shared = prepare(cfg, Path(tmp))
+        shared["run_id"] = os.environ.get("TORCHELASTIC_RUN_ID", "torchrun")
+        shared["local_rank"] = int(os.environ.get("LOCAL_RANK", rank))
+        dist.init_process_group(cfg.backend)  # env:// from the launcher
+        try:
+            result = _train(rank, world, cfg, shared, SequenceLoader)
+            gathered = [None] * world
+            dist.all_gather_object(gathered, result)
+        finally:
+            dist.destroy_process_group()
+    if rank != 0:
+        return {"rank": rank}
+    return report(cfg, dict(enumerate(gathered)))
 
 
 def report(cfg: TrainConfig, results: dict) -> dict:

@@ -1,6 +1,9 @@
 """``trainer.train`` end to end: spawned gloo ranks streaming from the loader (inline backend)."""
 
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -59,3 +62,17 @@ def test_bad_arguments_name_the_value(data):
         TrainConfig(data=data, backend="mpi")
     with pytest.raises(ValueError, match="loader backend 'ray' needs ray_address"):
         TrainConfig(data=data, loader_backend="ray")
+
+
+def test_under_torchrun_each_process_is_one_rank(data, tmp_path):
+    # torchrun --standalone (rendezvous on localhost): rank 0 gathers every rank's records and reports once
+    out = tmp_path / "torchrun.jsonl"
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "freescale",
+           "train", "--data", data, "--steps", "3", "--microbatches", "2", "--samples-per-step", "24", "--d-model",
+           "16", "--layers", "1", "--heads", "2", "--max-len", "32", "--negatives", "16", "--metrics-out", str(out)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted((r["step"], r["rank"]) for r in lines) == [(s, r) for s in range(3) for r in (0, 1)]
+    assert done.stdout.count("leave-last-out over all items") == 1
