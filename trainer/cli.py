@@ -35,6 +35,8 @@ def register(sub) -> None:
     p.add_argument("--loader", choices=("inline", "ray"), default="inline",
                    help="loader backend of every rank (ray needs --ray-address)")
     p.add_argument("--ray-address", help="Ray cluster the ranks' loader attaches to")
+    p.add_argument("--work-dir", help="where the training split is written (under torchrun across machines: a "
+                                      "shared filesystem; default: the temporary folder)")
     p.set_defaults(func=_run)
 
 
@@ -49,7 +51,7 @@ def _run(args: argparse.Namespace) -> int:
             samples_per_step=args.samples_per_step, d_model=args.d_model, num_layers=args.layers,
             num_heads=args.heads, attention=args.attention, dropout=args.dropout, max_len=args.max_len,
             negatives=args.negatives, lr=args.lr, emb_lr=args.emb_lr, seed=args.seed, loader_backend=args.loader,
-            ray_address=args.ray_address,
+            ray_address=args.ray_address, work_dir=args.work_dir,
         )
         summary = train(cfg)
     if "losses" in summary:  # rank 0 (or the spawning parent) reports

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import tempfile
 import time
@@ -96,11 +97,14 @@ class _Prepared:
         return torch.cat([self.rows, self.neg_rows])
 
 
-def prepare(cfg: TrainConfig, work: Path) -> dict:
-    """Read the dataset, write the training split under ``work``; what every rank needs (small)."""
+def prepare(cfg: TrainConfig, work: Path, *, write: bool = True) -> dict:
+    """Read the dataset, write the training split under ``work`` (unless another rank does); what every
+    rank needs (small)."""
     histories = read_histories(cfg.data)
     vocabulary = Vocabulary(np.unique(histories.items))
-    rows = write_training_split(histories, work / "train")
+    rows = int((histories.lengths >= 2).sum())
+    if write:
+        write_training_split(histories, work / "train")
     if rows < cfg.samples_per_step:
         raise ValueError(f"{cfg.data}: {rows} histories with >= 2 events, fewer than samples_per_step="
                          f"{cfg.samples_per_step}; lower --samples-per-step")
@@ -302,22 +306,27 @@ def train(cfg: TrainConfig) -> dict:
 
 
 def _train_torchrun(cfg: TrainConfig) -> dict:
-    """One rank of a torchrun world (``--nproc`` is ignored: WORLD_SIZE ranks). Every rank prepares the same
-    training split in its own temporary folder; rank 0 gathers every rank's records and writes the metrics."""
+    """One rank of a torchrun world (``--nproc`` is ignored: WORLD_SIZE ranks). Rank 0 writes the training
+    split under ``work_dir`` (default: the temporary folder; across machines it must be a shared filesystem)
+    and, at the end, gathers every rank's records and writes the metrics."""
     from loader import SequenceLoader
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    with tempfile.TemporaryDirectory(prefix="freescale-train-", dir=cfg.work_dir) as tmp:
-        shared = prepare(cfg, Path(tmp))
-        shared["run_id"] = os.environ.get("TORCHELASTIC_RUN_ID", "torchrun")
-        shared["local_rank"] = int(os.environ.get("LOCAL_RANK", rank))
-        dist.init_process_group(cfg.backend)  # env:// from the launcher
-        try:
-            result = _train(rank, world, cfg, shared, SequenceLoader)
-            gathered = [None] * world
-            dist.all_gather_object(gathered, result)
-        finally:
-            dist.destroy_process_group()
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "torchrun")
+    work = Path(cfg.work_dir or tempfile.gettempdir()) / f"freescale-train-{run_id}"
+    dist.init_process_group(cfg.backend)  # env:// from the launcher
+    try:
+        shared = prepare(cfg, work, write=rank == 0)  # rank 0 writes the split every rank streams
+        shared.update(run_id=run_id, local_rank=int(os.environ.get("LOCAL_RANK", rank)))
+        dist.barrier()
+        result = _train(rank, world, cfg, shared, SequenceLoader)
+        gathered = [None] * world
+        dist.all_gather_object(gathered, result)
+        dist.barrier()
+        if rank == 0:
+            shutil.rmtree(work, ignore_errors=True)
+    finally:
+        dist.destroy_process_group()
     if rank != 0:
         return {"rank": rank}
     return report(cfg, dict(enumerate(gathered)))
