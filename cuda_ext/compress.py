@@ -1,0 +1,384 @@
+"""Error-bounded lossy compression of embedding payloads (SC'24 DLRM all-to-all compression), and an `Exchange`
+that sends float rows compressed.
+
+Per row of x (rows, d) (float32, bfloat16 or float16; arithmetic in float32), with lo, hi its min and max:
+
+    bits  = smallest width whose qmax = 2^bits - 1 levels step at most 2 * eb * (hi - lo) / (1 + 2^-8)
+    step  = float32(hi - lo) * float32(1 / qmax)           q = min(round((x - lo) / step), qmax)
+    x_hat = dtype(lo + q * step)                           |x - x_hat| <= eb * (hi - lo), every element
+
+The bound is checked, not hoped for: the encoder reconstructs each element exactly as the decoder will
+(including the rounding to bfloat16/float16) and compares |x - x_hat| with eb * (hi - lo) in float64, with
+a relative margin of 2^-50 that covers the three float64 roundings of the check, so a pass proves the bound
+in exact arithmetic. A row with any failing element (a range that overflows float32, values whose float32
+spacing is coarse next to the bound, a 16-bit output grid coarser than the bound) is sent raw, in its own
+dtype. The 2^-8 slack in `code_bits` makes such rows rare (none in float32 rows whose |values| stay within
+~100x their range at eb = 1e-2). Constant rows (hi == lo) reconstruct exactly.
+
+The CUDA kernels (compress.cu) and the torch reference below compute the same values with the same
+correctly rounded float32/float64 operations in the same order, so CPU and GPU payloads are identical bytes.
+
+Payload: one flat uint8 tensor, a multiple of ALIGN bytes, that can travel through an all-to-all:
+
+    header (HEADER_BYTES)  magic "FSEB", version, dtype code, bits, flags, rows, cols, eb, n_raw, body_bytes
+    body, each section padded to ALIGN:  lo (rows,) f32 | step (rows,) f32 | codes (rows, row_bytes) u8 |
+                                          raw row numbers (n_raw,) i64 | raw rows (n_raw, cols) dtype
+    flags & FLAG_ZERO_BYTES: the body is stored as a bitmap of its non-zero bytes + those bytes, which is done
+    only when that is shorter (constant or zero rows, zero-padded tables)
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+import struct
+from dataclasses import dataclass
+from typing import Mapping
+
+import torch
+from torch import Tensor
+
+from trainer.exchange import Exchange
+
+MAGIC = b"FSEB"
+VERSION = 1
+HEADER = struct.Struct("<4sBBBBqqdqq")  # magic, version, dtype, bits, flags, rows, cols, eb, n_raw, body_bytes
+HEADER_BYTES = HEADER.size  # 48
+ALIGN = 16  # every section and every payload is a multiple of this, so views of any float/int type are aligned
+FLAG_ZERO_BYTES = 1
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # header dtype code = index
+STEP_SLACK = 2.0 ** -8  # half a step stays this fraction under the bound, room for float32 rounding
+VERIFY_MARGIN = 1.0 - 2.0 ** -50  # float64 check margin (compress.cu kCheck): covers 3 roundings of 2^-53
+MAX_BITS = 16
+
+
+def code_bits(eb: float) -> int:
+    """Code width for bound eb: the smallest bits with (2^bits - 1) >= (1 + STEP_SLACK) / (2 * eb).
+
+    That is the width holding ceil(1 / (2 eb)) levels (eb 1e-2: 6 bits, 1e-3: 9, 1e-4: 13) except where
+    1 / (2 eb) sits within 2^-8 under 2^bits - 1, which takes one bit more.
+    """
+    if not (isinstance(eb, (int, float)) and 0.0 < eb <= 0.5 and math.isfinite(eb)):
+        raise ValueError(f"error bound eb={eb!r} must be a number in (0, 0.5]: the allowed error as a fraction "
+                         f"of each row's range (1e-2 is typical)")
+    bits = max(1, math.ceil(math.log2((1.0 + STEP_SLACK) / (2.0 * eb) + 1.0)))
+    if bits > MAX_BITS:
+        raise ValueError(f"eb={eb} needs {bits}-bit codes but codes are at most {MAX_BITS} bits; use "
+                         f"eb >= {(1.0 + STEP_SLACK) / (2.0 * (2 ** MAX_BITS - 1)):.2e} or send the rows uncompressed")
+    return bits
+
+
+def _step_factor(bits: int) -> Tensor:
+    return torch.tensor(1.0 / (2 ** bits - 1), dtype=torch.float32)  # k = float32(1 / qmax), 0-dim
+
+
+def _dtype_code(x: Tensor) -> int:
+    if x.dim() != 2 or x.dtype not in DTYPES:
+        raise ValueError(f"compress takes a 2-D float32/bfloat16/float16 tensor (rows, d), got shape "
+                         f"{tuple(x.shape)} dtype {x.dtype}; reshape to rows or cast the payload")
+    if x.shape[1] < 1:
+        raise ValueError(f"rows of width {x.shape[1]} cannot be compressed; d must be >= 1")
+    return DTYPES.index(x.dtype)
+
+
+def _raise_non_finite(x: Tensor) -> None:
+    bad = torch.nonzero(~torch.isfinite(x))  # (n_bad, 2)
+    if bad.numel():
+        row, col = bad[0].tolist()
+        raise ValueError(f"payload row {row} column {col} is {x[row, col].item()}: error-bounded compression needs "
+                         f"finite values; fix the NaN/Inf upstream (learning rate, loss scale, initialisation) or "
+                         f"send this payload uncompressed")
+
+
+# ---- per-row quantisation: torch reference (any device) and the CUDA kernels --------------------------------
+
+def pack_codes(codes: Tensor, bits: int) -> Tensor:
+    """codes (rows, cols) integers < 2^bits -> (rows, ceil(cols * bits / 8)) uint8, LSB-first per row."""
+    rows, cols = codes.shape
+    row_bytes = -(-cols * bits // 8)
+    shifts = torch.arange(bits, device=codes.device, dtype=torch.int32)
+    flat = ((codes.to(torch.int32)[..., None] >> shifts) & 1).to(torch.uint8).reshape(rows, cols * bits)
+    flat = torch.nn.functional.pad(flat, (0, row_bytes * 8 - cols * bits))  # (rows, row_bytes * 8)
+    weights = torch.tensor([1 << j for j in range(8)], dtype=torch.int32, device=codes.device)
+    return (flat.reshape(rows, row_bytes, 8).to(torch.int32) * weights).sum(-1).to(torch.uint8)
+
+
+def unpack_codes(packed: Tensor, bits: int, cols: int) -> Tensor:
+    """The inverse of pack_codes: (rows, row_bytes) uint8 -> codes (rows, cols) int32."""
+    rows, row_bytes = packed.shape
+    shifts = torch.arange(8, device=packed.device, dtype=torch.int32)
+    flat = ((packed.to(torch.int32)[..., None] >> shifts) & 1).reshape(rows, row_bytes * 8)[:, :cols * bits]
+    weights = torch.tensor([1 << j for j in range(bits)], dtype=torch.int32, device=packed.device)
+    return (flat.reshape(rows, cols, bits) * weights).sum(-1).to(torch.int32)
+
+
+def _reconstruct(lo: Tensor, step: Tensor, q: Tensor, dtype: torch.dtype) -> Tensor:
+    """dtype(lo + q * step) (rows, cols), each op float32 round-to-nearest, as compress.cu's decoder."""
+    return (lo[:, None] + q * step[:, None]).to(dtype)
+
+
+def encode_rows_reference(x: Tensor, eb: float, bits: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """x (rows, cols) -> lo (rows,) f32, step (rows,) f32, packed (rows, row_bytes) u8, status (rows,) u8.
+
+    status 0: every element verified within the bound; 1: not (store the row raw). The reference of
+    compress.cu's fs_eb_encode (which also reports 2 for a non-finite row; check finiteness before this).
+    """
+    x32 = x.float()  # exact widening
+    lo, hi = x32.amin(1), x32.amax(1)  # (rows,)
+    lo, hi = torch.where(lo == 0, 0.0, lo), torch.where(hi == 0, 0.0, hi)  # -0 -> +0
+    step = (hi - lo) * _step_factor(bits)  # (rows,)
+    usable = torch.isfinite(step) & (step > 0)  # else every code is 0: constant or overflowed rows
+    t = (x32 - lo[:, None]) / torch.where(usable, step, 1.0)[:, None]  # (rows, cols), >= 0
+    q = torch.where(usable[:, None], torch.round(t).clamp(max=2 ** bits - 1), 0.0)  # round: half to even
+    x_hat = _reconstruct(lo, step, q, x.dtype).double()
+    bound = ((hi.double() - lo.double()) * eb) * VERIFY_MARGIN  # (rows,)
+    ok = ((x32.double() - x_hat).abs() <= bound[:, None]).all(1)  # NaN (overflowed step) is not <=
+    return lo, step, pack_codes(q.to(torch.int32), bits), (~ok).to(torch.uint8)
+
+
+def decode_rows_reference(lo: Tensor, step: Tensor, packed: Tensor, bits: int, cols: int,
+                          dtype: torch.dtype) -> Tensor:
+    """The inverse of encode_rows_reference for quantised rows: (rows, cols) of dtype."""
+    return _reconstruct(lo, step, unpack_codes(packed, bits, cols).float(), dtype)
+
+
+def _check_cuda(code: int, what: str) -> None:
+    if code != 0:
+        raise RuntimeError(f"{what} failed with cudaError_t {code}; see cuda_ext/compress.cu")
+
+
+def _library() -> ctypes.CDLL:
+    from cuda_ext import build  # compiles compress.cu (and the other sources) on first use
+
+    lib = build.load()
+    ptr, i64 = ctypes.c_void_p, ctypes.c_longlong
+    lib.fs_eb_encode.argtypes = [ptr, ctypes.c_int, i64, i64, ctypes.c_float, ctypes.c_double, ctypes.c_int,
+                                 ptr, ptr, ptr, i64, ptr, ptr]
+    lib.fs_eb_decode.argtypes = [ptr, ptr, ptr, i64, i64, i64, ctypes.c_int, ctypes.c_int, ptr, ptr]
+    lib.fs_eb_encode.restype = lib.fs_eb_decode.restype = ctypes.c_int
+    return lib
+
+
+def _stream(device: torch.device) -> ctypes.c_void_p:
+    return ctypes.c_void_p(torch.cuda.current_stream(device).cuda_stream)
+
+
+def encode_rows_cuda(x: Tensor, eb: float, bits: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """encode_rows_reference on a CUDA tensor with compress.cu's kernel (status 2: the row is not finite)."""
+    x = x.contiguous()
+    rows, cols = x.shape
+    row_bytes = -(-cols * bits // 8)
+    lo = torch.empty(rows, dtype=torch.float32, device=x.device)
+    step = torch.empty_like(lo)
+    packed = torch.empty((rows, row_bytes), dtype=torch.uint8, device=x.device)
+    status = torch.empty(rows, dtype=torch.uint8, device=x.device)
+    _check_cuda(_library().fs_eb_encode(x.data_ptr(), _dtype_code(x), rows, cols, _step_factor(bits).item(), eb,
+                                        bits, lo.data_ptr(), step.data_ptr(), packed.data_ptr(), row_bytes,
+                                        status.data_ptr(), _stream(x.device)), "fs_eb_encode")
+    return lo, step, packed, status
+
+
+def decode_rows_cuda(lo: Tensor, step: Tensor, packed: Tensor, bits: int, cols: int, dtype: torch.dtype) -> Tensor:
+    """decode_rows_reference on CUDA tensors with compress.cu's kernel."""
+    lo, step, packed = lo.contiguous(), step.contiguous(), packed.contiguous()
+    out = torch.empty((lo.shape[0], cols), dtype=dtype, device=lo.device)
+    _check_cuda(_library().fs_eb_decode(lo.data_ptr(), step.data_ptr(), packed.data_ptr(), lo.shape[0], cols,
+                                        packed.shape[1], bits, DTYPES.index(dtype), out.data_ptr(),
+                                        _stream(lo.device)), "fs_eb_decode")
+    return out
+
+
+# ---- lossless stage: zero-byte elimination (torch integer ops, identical on every device) ------------------
+
+def zero_bytes_encode(body: Tensor) -> Tensor:
+    """body (n,) uint8 -> bitmap of its non-zero bytes (ceil(n / 8),) + those bytes (nnz,), concatenated."""
+    nonzero = body != 0  # (n,)
+    bits = torch.nn.functional.pad(nonzero, (0, -body.numel() % 8)).reshape(-1, 8).to(torch.int32)
+    weights = torch.tensor([1 << j for j in range(8)], dtype=torch.int32, device=body.device)
+    return torch.cat([(bits * weights).sum(1).to(torch.uint8), body[nonzero]])
+
+
+def zero_bytes_decode(blob: Tensor, n: int) -> Tensor:
+    """The inverse of zero_bytes_encode for a body of n bytes (blob may carry padding after its end)."""
+    shifts = torch.arange(8, dtype=torch.int32, device=blob.device)
+    bitmap = blob[:-(-n // 8)]
+    nonzero = ((bitmap.to(torch.int32)[:, None] >> shifts) & 1).reshape(-1)[:n].bool()  # (n,)
+    body = torch.zeros(n, dtype=torch.uint8, device=blob.device)
+    body[nonzero] = blob[bitmap.numel():][:int(nonzero.sum())]
+    return body
+
+
+# ---- payload --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Header:
+    """The fixed-size front of a payload."""
+
+    dtype: torch.dtype
+    bits: int
+    flags: int
+    rows: int
+    cols: int
+    eb: float
+    n_raw: int
+    body_bytes: int
+
+    def sections(self) -> list[int]:
+        """Byte lengths of lo, step, codes, raw row numbers, raw rows (each padded to ALIGN)."""
+        row_bytes = -(-self.cols * self.bits // 8)
+        item = torch.empty(0, dtype=self.dtype).element_size()
+        sizes = [4 * self.rows, 4 * self.rows, self.rows * row_bytes, 8 * self.n_raw, self.n_raw * self.cols * item]
+        return [-(-s // ALIGN) * ALIGN for s in sizes]
+
+
+def _as_bytes(t: Tensor) -> Tensor:
+    flat = t.contiguous().reshape(-1).view(torch.uint8)
+    return torch.nn.functional.pad(flat, (0, -flat.numel() % ALIGN))
+
+
+def read_header(payload: Tensor) -> Header:
+    """The header of a payload (a CPU copy of its first HEADER_BYTES)."""
+    if payload.dtype != torch.uint8 or payload.dim() != 1 or payload.numel() < HEADER_BYTES:
+        raise ValueError(f"a compressed payload is a 1-D uint8 tensor of >= {HEADER_BYTES} bytes, got shape "
+                         f"{tuple(payload.shape)} dtype {payload.dtype}; pass what compress() returned")
+    magic, version, dtype, bits, flags, rows, cols, eb, n_raw, body = HEADER.unpack(
+        bytes(payload[:HEADER.size].cpu().tolist()))
+    if magic != MAGIC or version != VERSION:
+        raise ValueError(f"payload starts with {magic!r} version {version}, not {MAGIC!r} version {VERSION}: "
+                         f"not a cuda_ext.compress payload, or written by another version")
+    return Header(DTYPES[dtype], bits, flags, rows, cols, eb, n_raw, body)
+
+
+def compress(x: Tensor, eb: float) -> Tensor:
+    """x (rows, d) float32/bfloat16/float16 -> self-describing payload (n_bytes,) uint8 on x's device.
+
+    decompress(payload) has x's shape and dtype and |x - x_hat| <= eb * (max - min of the row) everywhere.
+    CUDA tensors use compress.cu's kernels, others the torch reference; both give the same bytes.
+    """
+    code = _dtype_code(x)
+    bits = code_bits(eb)
+    rows, cols = x.shape
+    if x.is_cuda:
+        lo, step, packed, status = encode_rows_cuda(x, eb, bits)
+        if bool((status == 2).any()):
+            _raise_non_finite(x)
+    else:
+        _raise_non_finite(x)
+        lo, step, packed, status = encode_rows_reference(x, eb, bits)
+    raw = torch.nonzero(status != 0).reshape(-1)  # (n_raw,) rows stored as they are
+    body = torch.cat([_as_bytes(lo), _as_bytes(step), _as_bytes(packed), _as_bytes(raw), _as_bytes(x[raw])])
+    flags = 0
+    squeezed = zero_bytes_encode(body)
+    if squeezed.numel() < body.numel():
+        flags, body_bytes, body = FLAG_ZERO_BYTES, body.numel(), squeezed
+    else:
+        body_bytes = body.numel()
+    head = HEADER.pack(MAGIC, VERSION, code, bits, flags, rows, cols, eb, raw.numel(), body_bytes)
+    head = torch.tensor(list(head), dtype=torch.uint8).to(x.device)
+    return torch.cat([head, _as_bytes(body)])
+
+
+def decompress(payload: Tensor) -> Tensor:
+    """The inverse of compress: payload (n_bytes,) uint8 -> x_hat (rows, d) in the dtype compress saw."""
+    h = read_header(payload)
+    body = payload[HEADER_BYTES:]
+    if h.flags & FLAG_ZERO_BYTES:
+        body = zero_bytes_decode(body, h.body_bytes)
+    elif body.storage_offset() % ALIGN:
+        body = body.clone()  # a slice of a received buffer: re-align for the typed views below
+    ends = torch.tensor(h.sections()).cumsum(0).tolist()
+    lo_b, step_b, codes_b, raw_b, values_b = (body[a:b] for a, b in zip([0] + ends[:-1], ends))
+    row_bytes = -(-h.cols * h.bits // 8)
+    lo, step = lo_b[:4 * h.rows].view(torch.float32), step_b[:4 * h.rows].view(torch.float32)
+    packed = codes_b[:h.rows * row_bytes].reshape(h.rows, row_bytes)
+    decode = decode_rows_cuda if payload.is_cuda else decode_rows_reference
+    out = decode(lo, step, packed, h.bits, h.cols, h.dtype)
+    if h.n_raw:
+        item = out.element_size()
+        raw = raw_b[:8 * h.n_raw].view(torch.int64)
+        out[raw] = values_b[:h.n_raw * h.cols * item].view(h.dtype).reshape(h.n_raw, h.cols)
+    return out
+
+
+def ratio_vs_bf16(payload: Tensor) -> float:
+    """bf16 bytes of the rows the payload holds / its bytes (> 1: smaller than sending bfloat16; 0 rows: inf)."""
+    h = read_header(payload)
+    return h.rows * h.cols * 2 / payload.numel()
+
+
+# ---- per-table bounds and the iteration-wise schedule -------------------------------------------------------
+
+@dataclass(frozen=True)
+class ErrorBoundSchedule:
+    """eb(step): start_factor * base_eb at step 0, decaying geometrically (log-linear) to base_eb at
+    decay_steps, base_eb after. Loose early (when embeddings move fast), tight later."""
+
+    base_eb: float
+    start_factor: float = 2.0
+    decay_steps: int = 1000
+
+    def __post_init__(self):
+        code_bits(self.base_eb)
+        if not self.start_factor >= 1.0 or self.decay_steps < 0:
+            raise ValueError(f"start_factor={self.start_factor} must be >= 1 and decay_steps={self.decay_steps} "
+                             f">= 0 (the schedule starts at start_factor * base_eb and decays to base_eb)")
+        code_bits(min(0.5, self.base_eb * self.start_factor))
+
+    def __call__(self, step: int) -> float:
+        if step < 0:
+            raise ValueError(f"step={step} must be >= 0")
+        if step >= self.decay_steps:
+            return self.base_eb
+        return min(0.5, self.base_eb * self.start_factor ** (1.0 - step / self.decay_steps))
+
+
+# ---- the exchange ----------------------------------------------------------------------------------------
+
+class CompressedExchange:
+    """An `Exchange` that sends 2-D float payloads compressed with bound schedule(step) and everything else
+    (ids, counts, flags) through `inner` untouched.
+
+    Float payload on rank r: each destination's rows (send_counts[j] of them) compress to their own payload;
+    the byte sizes go first (one int64 per peer), then the bytes, through `inner`; each received payload
+    decompresses to recv_counts[j] rows. Rows come back with the sender's dtype, within eb * row range.
+    """
+
+    def __init__(self, inner: Exchange, schedule: ErrorBoundSchedule, *, step: int = 0):
+        self.inner, self.schedule = inner, schedule
+        self.rank, self.world_size = inner.rank, inner.world_size
+        self.set_step(step)
+
+    def set_step(self, step: int) -> None:
+        """Use schedule(step) from now on."""
+        self.eb = self.schedule(step)
+        self._step = step
+
+    def step(self) -> None:
+        """Advance the schedule by one iteration."""
+        self.set_step(self._step + 1)
+
+    def exchange_counts(self, send_counts: list[int]) -> list[int]:
+        return self.inner.exchange_counts(send_counts)
+
+    def all_to_all(self, send: Tensor, send_counts: list[int], recv_counts: list[int]) -> Tensor:
+        if send.dim() != 2 or send.dtype not in DTYPES:
+            return self.inner.all_to_all(send, send_counts, recv_counts)
+        if send.shape[0] != sum(send_counts) or len(send_counts) != self.world_size:
+            raise ValueError(f"send has {send.shape[0]} rows but send_counts {list(send_counts)} sum to "
+                             f"{sum(send_counts)} over {len(send_counts)} ranks (world {self.world_size}); "
+                             f"give one count per rank that split dim 0 of send exactly")
+        payloads = [compress(segment, self.eb) for segment in send.split(list(send_counts))]
+        sizes = torch.tensor([p.numel() for p in payloads], dtype=torch.int64, device=send.device)  # (W,)
+        ones = [1] * self.world_size
+        recv_sizes = self.inner.all_to_all(sizes, ones, ones).tolist()  # (W,)
+        received = self.inner.all_to_all(torch.cat(payloads), [p.numel() for p in payloads], recv_sizes)
+        rows = [decompress(p) for p in received.split(recv_sizes)]
+        for j, (got, want) in enumerate(zip(rows, recv_counts)):
+            if got.shape[0] != want:
+                raise ValueError(f"rank {j} sent {got.shape[0]} compressed rows but recv_counts[{j}] is {want}; "
+                                 f"recv_counts must come from exchange_counts(send_counts)")
+        return torch.cat(rows)
+
+
+def compressed_exchanges(inner: Exchange, schedules: Mapping[str, ErrorBoundSchedule]) -> dict[str, CompressedExchange]:
+    """One CompressedExchange per table name, each with its own bound schedule, all over `inner`."""
+    return {name: CompressedExchange(inner, schedule) for name, schedule in schedules.items()}
