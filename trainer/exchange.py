@@ -1,4 +1,4 @@
-"""All-to-all-v behind one small interface, so transports plug in (`gloo`, `nccl`; `ce` arrives with cuda_ext).
+"""All-to-all-v behind one small interface, so transports plug in (`gloo`, `nccl`, `ce` from cuda_ext.ce).
 
 Layout on rank r of a world of W ranks (rows along dim 0, any trailing shape and dtype):
 
@@ -80,7 +80,13 @@ def _nccl(group: dist.ProcessGroup | None) -> Exchange:
     return TorchExchange(group, device=torch.device("cuda", torch.cuda.current_device()))
 
 
-TRANSPORTS: dict[str, Callable[[dist.ProcessGroup | None], Exchange]] = {"gloo": _gloo, "nccl": _nccl}
+def _ce(group: dist.ProcessGroup | None) -> Exchange:
+    from cuda_ext.ce import CopyEngineExchange  # lazy: the first use builds the CUDA library with nvcc
+
+    return CopyEngineExchange(group)
+
+
+TRANSPORTS: dict[str, Callable[[dist.ProcessGroup | None], Exchange]] = {"gloo": _gloo, "nccl": _nccl, "ce": _ce}
 
 
 def make_exchange(name: str, group: dist.ProcessGroup | None = None) -> Exchange:

@@ -126,5 +126,5 @@ def test_bad_arguments_raise():
         ShardedEmbedding(NUM_ITEMS, DIM, exchange=ex, init_seed=0).lookup(torch.tensor([1.0]))
     with pytest.raises(ValueError, match="num_items=0"):
         ShardedEmbedding(0, DIM, exchange=ex, init_seed=0)
-    with pytest.raises(ValueError, match=r"unknown exchange transport 'ce'; choose one of \['gloo', 'nccl'\]"):
-        make_exchange("ce")
+    with pytest.raises(ValueError, match=r"unknown exchange transport 'rdma'; choose one of \['ce', 'gloo', 'nccl'\]"):
+        make_exchange("rdma")

@@ -1,0 +1,275 @@
+"""`ce`: all-to-all-v on GPU copy engines (CUDA IPC + cudaMemcpyAsync), no kernel in the transfer path.
+
+Layout as `trainer.exchange` (rows along dim 0, any trailing shape and dtype). One call on rank r:
+
+    1. wait until this rank's previous receive was copied out, grow its receive buffer if it is too small
+    2. all-gather over the CPU group: (send_counts (W,), row_bytes, buffer generation) of every rank
+       -> counts (W, W), counts[i, j] = rows i sends to j; offsets (W, W) = exclusive prefix sum down dim 0,
+       offsets[i, j] = row where i's rows start in j's buffer
+    3. if a buffer changed anywhere: all-gather the 64-byte IPC handles; peers re-open the grown ones
+    4. on the dedicated stream (after the caller's stream): ONE cudaMemcpyAsync per destination on this node,
+       send[rows for j] -> buffer_j[offsets[r, j]:]; rows for other nodes go device-to-host into pinned memory
+    5. host-synchronize that stream; across nodes: gloo all-to-all of the pinned bytes, host-to-device copies
+       into this rank's own buffer
+    6. barrier: every rank's copies have landed; the caller's stream copies the buffer out into recv
+
+Ranks are on one node when their `node` names (default: hostname) are equal. They may share one GPU (same
+device IPC) or use several (peer copies; the IPC mapping enables peer access where the GPUs allow it).
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import math
+import socket
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from cuda_ext.build import load
+from trainer.exchange import TorchExchange, _check_counts
+
+MIN_BUFFER_BYTES = 1 << 20
+HANDLE_BYTES = 64
+_ptr = ctypes.c_void_p
+_SIGNATURES = {  # name: argtypes; every function returns its cudaError_t as an int
+    "fs_stream_priority_range": [ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int)],
+    "fs_malloc": [ctypes.c_int, ctypes.c_size_t, ctypes.POINTER(_ptr)],
+    "fs_free": [ctypes.c_int, _ptr],
+    "fs_ipc_get_handle": [ctypes.c_int, _ptr, ctypes.c_char * HANDLE_BYTES],
+    "fs_ipc_open": [ctypes.c_int, ctypes.c_char * HANDLE_BYTES, ctypes.POINTER(_ptr)],
+    "fs_ipc_close": [ctypes.c_int, _ptr],
+    "fs_stream_create": [ctypes.c_int, ctypes.c_int, ctypes.POINTER(_ptr)],
+    "fs_stream_destroy": [_ptr],
+    "fs_event_create": [ctypes.c_int, ctypes.POINTER(_ptr)],
+    "fs_event_destroy": [_ptr],
+    "fs_event_record": [_ptr, _ptr],
+    "fs_event_synchronize": [_ptr],
+    "fs_stream_wait_event": [_ptr, _ptr],
+    "fs_memcpy_async": [_ptr, _ptr, ctypes.c_size_t, _ptr],
+}
+
+
+@functools.cache
+def _lib() -> ctypes.CDLL:
+    lib = load()
+    for name, argtypes in _SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = argtypes, ctypes.c_int
+    lib.fs_error_string.argtypes, lib.fs_error_string.restype = [ctypes.c_int], ctypes.c_char_p
+    return lib
+
+
+def cuda_call(name: str, *args) -> None:
+    """lib.name(*args); a nonzero cudaError_t raises RuntimeError with the call and cudaGetErrorString."""
+    lib = _lib()
+    code = getattr(lib, name)(*args)
+    if code != 0:
+        raise RuntimeError(f"{name} failed: {lib.fs_error_string(code).decode()} (cudaError_t {code})")
+
+
+def _new(name: str, *args) -> int:
+    """A handle (pointer, stream, event) returned through the last argument of lib.name."""
+    out = _ptr()
+    cuda_call(name, *args, ctypes.byref(out))
+    return out.value or 0
+
+
+def receive_offsets(counts: Tensor) -> Tensor:
+    """counts (W, W), counts[i, j] = rows i sends to j -> offsets (W, W): row of j's buffer where i's start.
+
+    The exclusive prefix sum down each column, so j's buffer holds its rows from rank 0, 1, ... in order.
+    """
+    return torch.cumsum(counts, dim=0) - counts  # (W, W)
+
+
+class CopyEngineExchange:
+    """All-to-all-v among the ranks of `group` on copy engines (see the module docstring for the protocol).
+
+    group: a process group that carries CPU tensors (backend "gloo" or "cpu:gloo,cuda:nccl"); counts,
+    handles, barriers and the cross-node bytes go over it. priority: of the dedicated copy stream, CUDA's
+    scale (lower is more urgent; 0 is the default, e.g. -1 for a prefetch ahead of other work). device: this
+    rank's GPU (default: torch's current device). node: ranks with equal names use IPC (default: hostname).
+    Every rank of the group constructs it (a collective), then calls its methods in the same order.
+    """
+
+    def __init__(self, group: dist.ProcessGroup | None = None, *, priority: int = 0,
+                 device: torch.device | int | None = None, node: str | None = None):
+        if not torch.cuda.is_available():
+            raise RuntimeError("exchange transport 'ce' needs CUDA devices, but torch.cuda.is_available() is "
+                               "False; use transport 'gloo' on CPU (or 'nccl' for SM-based GPU transfers)")
+        backend = str(dist.get_backend(group))
+        if "gloo" not in backend:
+            raise ValueError(f"transport 'ce' sends counts, IPC handles and cross-node bytes over a CPU group, "
+                             f"but the group's backend is {backend!r}; create it with backend 'gloo' or "
+                             f"'cpu:gloo,cuda:nccl'")
+        self.group = group
+        self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
+        self.device = torch.device("cuda", torch.cuda.current_device() if device is None
+                                   else torch.device("cuda", device).index)
+        self._counts = TorchExchange(group, device="cpu")
+        dev = self.device.index
+        least, greatest = ctypes.c_int(), ctypes.c_int()
+        cuda_call("fs_stream_priority_range", dev, ctypes.byref(least), ctypes.byref(greatest))
+        if not greatest.value <= priority <= least.value:
+            raise ValueError(f"priority {priority} is outside {self.device}'s stream priorities "
+                             f"[{greatest.value} (most urgent), {least.value} (least)]; choose one in between")
+        self.priority = priority
+        self._stream = _new("fs_stream_create", dev, priority)
+        self._sent = _new("fs_event_create", dev)  # on the caller's stream: send is ready
+        self._copied = _new("fs_event_create", dev)  # on the copy stream: this rank's copies are done
+        self._read = _new("fs_event_create", dev)  # on the caller's stream: the buffer was copied out
+        self._read_pending = False
+        nodes: list[str | None] = [None] * self.world_size
+        dist.all_gather_object(nodes, node or socket.gethostname(), group=group)
+        self._local = [n == nodes[self.rank] for n in nodes]  # (W,) peers reachable by IPC
+        self._staged = len(set(nodes)) > 1  # some pair crosses nodes: every rank joins the host exchange
+        self._buffer, self._capacity, self._generation = 0, 0, 0
+        self._retired: list[int] = []  # grown-out buffers, freed once peers have closed them
+        self._peer_ptrs = [0] * self.world_size  # (W,) mapped receive buffers of the local peers
+        self._peer_generations = [-1] * self.world_size  # (W,) generation each mapping (or handle) is of
+        self._host_send = torch.empty(0, dtype=torch.uint8)
+        self._host_recv = torch.empty(0, dtype=torch.uint8)
+
+    def exchange_counts(self, send_counts: list[int]) -> list[int]:
+        return self._counts.exchange_counts(send_counts)
+
+    def all_to_all(self, send: Tensor, send_counts: list[int], recv_counts: list[int]) -> Tensor:
+        _check_counts("send_counts", send_counts, self.world_size)
+        _check_counts("recv_counts", recv_counts, self.world_size)
+        if send.shape[0] != sum(send_counts):
+            raise ValueError(f"send has {send.shape[0]} rows but send_counts {list(send_counts)} sum to "
+                             f"{sum(send_counts)}; the counts must split dim 0 of send exactly")
+        if send.device != self.device:
+            raise ValueError(f"send is on {send.device} but this exchange copies on {self.device}; move it "
+                             f"there or construct the exchange with device={send.device}")
+        send = send.contiguous()
+        row_bytes = math.prod(send.shape[1:]) * send.element_size()
+        if self._read_pending:  # peers write into the buffer only after this rank joins the gather below
+            cuda_call("fs_event_synchronize", self._read)
+        self._reserve(sum(recv_counts) * row_bytes)
+        counts = self._gather_counts(send_counts, recv_counts, row_bytes)  # (W, W)
+        offsets = receive_offsets(counts) * row_bytes  # (W, W) byte offsets into each receiver's buffer
+        caller = torch.cuda.current_stream(self.device).cuda_stream
+        cuda_call("fs_event_record", self._sent, caller)
+        cuda_call("fs_stream_wait_event", self._stream, self._sent)
+        sent = counts[self.rank] * row_bytes  # (W,) bytes for each destination
+        host_segments = self._send(send.data_ptr(), sent, torch.cumsum(sent, 0) - sent, offsets)
+        self._synchronize()
+        if self._staged:
+            self._receive_staged(host_segments, counts[:, self.rank] * row_bytes, offsets[:, self.rank])
+        dist.barrier(group=self.group)  # every rank's copies into every buffer have landed
+        for ptr in self._retired:
+            cuda_call("fs_free", self.device.index, ptr)
+        self._retired.clear()
+        recv = send.new_empty((sum(recv_counts), *send.shape[1:]))  # (sum(recv_counts), *trailing)
+        if recv.numel():
+            cuda_call("fs_memcpy_async", recv.data_ptr(), self._buffer, recv.numel() * recv.element_size(), caller)
+        cuda_call("fs_event_record", self._read, caller)
+        self._read_pending = True
+        return recv
+
+    def _reserve(self, nbytes: int) -> None:
+        """Grow the receive buffer to hold nbytes (doubling, at least MIN_BUFFER_BYTES); a new generation."""
+        if nbytes <= self._capacity and self._buffer:
+            return
+        if self._buffer:
+            self._retired.append(self._buffer)
+        self._capacity = max(nbytes, 2 * self._capacity, MIN_BUFFER_BYTES)
+        self._buffer = _new("fs_malloc", self.device.index, self._capacity)
+        self._generation += 1
+
+    def _gather_counts(self, send_counts: list[int], recv_counts: list[int], row_bytes: int) -> Tensor:
+        """All-gather counts, row sizes and buffer generations; re-map grown buffers. Returns counts (W, W)."""
+        mine = torch.tensor([*send_counts, row_bytes, self._generation], dtype=torch.int64)  # (W + 2,)
+        rows = [torch.empty_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(rows, mine, group=self.group)
+        table = torch.stack(rows)  # (W, W + 2)
+        counts, row_sizes, generations = table[:, :-2], table[:, -2], table[:, -1]
+        if (row_sizes != row_bytes).any():
+            raise ValueError(f"ranks send rows of different sizes {row_sizes.tolist()} bytes (by rank); every "
+                             f"rank must pass the same dtype and trailing shape, even with 0 rows")
+        if counts[:, self.rank].tolist() != list(recv_counts):
+            raise ValueError(f"recv_counts {list(recv_counts)} on rank {self.rank} differ from what the ranks "
+                             f"send it, {counts[:, self.rank].tolist()}; get them from exchange_counts")
+        if generations.tolist() != self._peer_generations:  # the same decision on every rank
+            self._remap(generations.tolist())
+        return counts
+
+    def _remap(self, generations: list[int]) -> None:
+        """All-gather every rank's IPC handle; close and re-open the local peers' buffers that changed."""
+        handle = (ctypes.c_char * HANDLE_BYTES)()
+        cuda_call("fs_ipc_get_handle", self.device.index, self._buffer, handle)
+        mine = torch.frombuffer(bytearray(handle.raw), dtype=torch.uint8)  # (64,)
+        handles = [torch.empty_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(handles, mine, group=self.group)
+        for peer, generation in enumerate(generations):
+            if peer == self.rank or not self._local[peer] or generation == self._peer_generations[peer]:
+                continue
+            if self._peer_ptrs[peer]:
+                cuda_call("fs_ipc_close", self.device.index, self._peer_ptrs[peer])
+            raw = (ctypes.c_char * HANDLE_BYTES).from_buffer_copy(handles[peer].numpy().tobytes())
+            self._peer_ptrs[peer] = _new("fs_ipc_open", self.device.index, raw)
+        self._peer_generations = list(generations)
+
+    def _send(self, src: int, nbytes: Tensor, src_offsets: Tensor, offsets: Tensor) -> list[int]:
+        """One copy per destination: IPC for this node, pinned host staging for the others.
+
+        nbytes, src_offsets: (W,) bytes for each destination and where they start in send; offsets (W, W).
+        Returns the bytes staged for each destination (W,), 0 for those on this node.
+        """
+        staged = [0 if self._local[j] else int(n) for j, n in enumerate(nbytes.tolist())]  # (W,)
+        if sum(staged) > self._host_send.numel():
+            self._host_send = torch.empty(sum(staged), dtype=torch.uint8, pin_memory=True)
+        host_at = 0
+        for j, n in enumerate(nbytes.tolist()):
+            if n == 0:
+                continue
+            if self._local[j]:
+                base = self._buffer if j == self.rank else self._peer_ptrs[j]
+                dst = base + int(offsets[self.rank, j])
+            else:
+                dst = self._host_send.data_ptr() + host_at
+                host_at += n
+            cuda_call("fs_memcpy_async", dst, src + int(src_offsets[j]), n, self._stream)
+        return staged
+
+    def _receive_staged(self, staged: list[int], nbytes: Tensor, offsets: Tensor) -> None:
+        """Host all-to-all of the staged bytes, then host-to-device into this rank's buffer at offsets (W,)."""
+        from_remote = [0 if self._local[i] else int(n) for i, n in enumerate(nbytes.tolist())]  # (W,)
+        if sum(from_remote) > self._host_recv.numel():
+            self._host_recv = torch.empty(sum(from_remote), dtype=torch.uint8, pin_memory=True)
+        dist.all_to_all_single(self._host_recv[:sum(from_remote)], self._host_send[:sum(staged)],
+                               output_split_sizes=from_remote, input_split_sizes=staged, group=self.group)
+        host_at = 0
+        for i, n in enumerate(from_remote):
+            if n:
+                cuda_call("fs_memcpy_async", self._buffer + int(offsets[i]), self._host_recv.data_ptr() + host_at,
+                          n, self._stream)
+                host_at += n
+        self._synchronize()
+
+    def _synchronize(self) -> None:
+        """Block the host until everything queued on the copy stream is done."""
+        cuda_call("fs_event_record", self._copied, self._stream)
+        cuda_call("fs_event_synchronize", self._copied)
+
+    def close(self) -> None:
+        """Release the mappings, buffers, events and stream (a collective: peers must not copy any more)."""
+        dist.barrier(group=self.group)
+        if self._read_pending:
+            cuda_call("fs_event_synchronize", self._read)
+        dev = self.device.index
+        for peer, ptr in enumerate(self._peer_ptrs):
+            if ptr:
+                cuda_call("fs_ipc_close", dev, ptr)
+        dist.barrier(group=self.group)  # no peer maps this rank's buffer any more
+        for ptr in [*self._retired, self._buffer]:
+            if ptr:
+                cuda_call("fs_free", dev, ptr)
+        for event in (self._sent, self._copied, self._read):
+            cuda_call("fs_event_destroy", event)
+        cuda_call("fs_stream_destroy", self._stream)
+        self._peer_ptrs, self._retired, self._buffer, self._capacity = [0] * self.world_size, [], 0, 0
+        self._read_pending = False

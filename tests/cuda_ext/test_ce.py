@@ -1,0 +1,117 @@
+"""cuda_ext.ce: the copy-engine exchange. CPU: errors, offsets, the C error path; GPU (marked): equality with
+TorchExchange over gloo among 2 and 3 processes sharing one GPU, within a node and host-staged across nodes."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cuda_ext import build, ce
+from cuda_ext.ce import CopyEngineExchange, receive_offsets
+from tests.trainer.dist import run_world
+from trainer.exchange import TorchExchange, make_exchange
+
+
+def _has_nvcc() -> bool:
+    try:
+        build.find_nvcc()
+    except RuntimeError:
+        return False
+    return True
+
+
+@pytest.fixture
+def cuda_cache(tmp_path_factory, monkeypatch):
+    """Build into a temp cache (inherited by spawned ranks) instead of ~/.cache."""
+    monkeypatch.setenv("FREESCALE_CUDA_CACHE", str(tmp_path_factory.getbasetemp() / "cuda-cache"))
+
+
+def test_ce_without_cuda_says_what_to_use(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RuntimeError, match=r"transport 'ce' needs CUDA devices.*'gloo'.*'nccl'"):
+        make_exchange("ce")
+
+
+def test_unknown_transport_lists_ce():
+    with pytest.raises(ValueError, match=r"unknown exchange transport 'shm'; choose one of \['ce', 'gloo', 'nccl'\]"):
+        make_exchange("shm")
+
+
+@pytest.mark.parametrize("world", [1, 2, 5])
+def test_receive_offsets_is_the_exclusive_column_prefix_sum(world):
+    counts = torch.randint(0, 7, (world, world), generator=torch.Generator().manual_seed(world))  # (W, W)
+    offsets = receive_offsets(counts)
+    for i in range(world):
+        for j in range(world):
+            assert offsets[i, j] == sum(int(counts[k, j]) for k in range(i))
+
+
+@pytest.mark.skipif(not _has_nvcc(), reason="needs nvcc (the CUDA toolkit compiler)")
+def test_a_failing_cuda_call_names_the_call(cuda_cache):
+    with pytest.raises(RuntimeError, match=r"fs_malloc failed: .+ \(cudaError_t \d+\)"):
+        ce._new("fs_malloc", 9999, 16)  # no driver here; an invalid device on a GPU machine
+
+
+# ---- GPU: every rank is a process on cuda:0 --------------------------------------------------------------------
+
+CASES = [(torch.float32, (8,)), (torch.bfloat16, (3, 5)), (torch.int64, ())]
+SCALES = [0, 3, 40, 120_000, 5]  # max rows per destination; 120k float32 x 8 outgrows the first 1 MiB buffer
+
+
+def _payload(rows: int, trailing: tuple[int, ...], dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
+    if dtype == torch.int64:
+        return torch.randint(-2**62, 2**62, (rows, *trailing), generator=gen)
+    return torch.randn((rows, *trailing), generator=gen).to(dtype)
+
+
+def _matches_gloo(rank: int, world: int, two_nodes: bool) -> None:
+    torch.cuda.set_device(0)
+    exchange = CopyEngineExchange(None, priority=-1, node=f"n{rank % 2}" if two_nodes else "n0")
+    reference = TorchExchange(None)
+    gen = torch.Generator().manual_seed(rank)
+    for dtype, trailing in CASES:
+        for scale in SCALES:
+            send_counts = torch.randint(0, scale + 1, (world,), generator=gen).tolist()
+            send_counts[(rank + 1) % world] = 0  # a zero count on every rank
+            recv_counts = exchange.exchange_counts(send_counts)
+            assert recv_counts == reference.exchange_counts(send_counts)
+            send = _payload(sum(send_counts), trailing, dtype, gen)  # (S, *trailing)
+            got = exchange.all_to_all(send.cuda(), send_counts, recv_counts)
+            want = reference.all_to_all(send, send_counts, recv_counts)
+            assert got.device.type == "cuda" and got.dtype == dtype and got.shape == want.shape
+            assert torch.equal(got.cpu(), want), (rank, dtype, trailing, scale)
+    exchange.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("world", [2, 3])
+def test_ce_on_one_gpu_equals_gloo(world, cuda_cache):
+    run_world(_matches_gloo, world, False)
+
+
+@pytest.mark.gpu
+def test_ce_host_staged_across_nodes_equals_gloo(cuda_cache):
+    run_world(_matches_gloo, 3, True)  # nodes n0, n1, n0: ranks 0 and 2 use IPC, rank 1 goes through the host
+
+
+def _no_kernel_and_errors(rank: int, world: int) -> None:
+    torch.cuda.set_device(0)
+    with pytest.raises(ValueError, match="priority 99 is outside"):
+        CopyEngineExchange(None, priority=99)
+    exchange = CopyEngineExchange(None)
+    send = torch.arange(4 * world, dtype=torch.float32, device="cuda").reshape(2 * world, 2)  # (2W, 2)
+    counts = [2] * world
+    exchange.all_to_all(send, counts, counts)  # warm-up: buffers and mappings
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        exchange.all_to_all(send, counts, counts)
+        torch.cuda.synchronize()
+    kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+               and not e.name.lower().startswith(("memcpy", "memset"))]
+    assert kernels == [], kernels
+    with pytest.raises(ValueError, match=r"recv_counts \[3, 3\] on rank \d differ from what the ranks send"):
+        exchange.all_to_all(send, counts, [3] * world)
+    exchange.close()
+
+
+@pytest.mark.gpu
+def test_ce_runs_no_kernel_and_checks_its_arguments(cuda_cache):
+    run_world(_no_kernel_and_errors, 2)
