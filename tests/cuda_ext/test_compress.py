@@ -1,0 +1,230 @@
+"""cuda_ext.compress: the error bound, round trips, the lossless stage, the schedule, CompressedExchange over
+gloo, and (marked gpu) the CUDA kernels against the torch reference."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cuda_ext.compress import (FLAG_ZERO_BYTES, CompressedExchange, ErrorBoundSchedule, code_bits, compress,
+                               compressed_exchanges, decompress, ratio_vs_bf16, read_header, zero_bytes_decode,
+                               zero_bytes_encode)
+from tests.trainer.dist import LoopbackExchange, run_world
+from trainer.exchange import TorchExchange
+
+EBS = [1e-1, 1e-2, 1e-3, 1e-4]
+
+
+def assert_within_bound(x: torch.Tensor, x_hat: torch.Tensor, eb: float) -> None:
+    """|x - x_hat| <= eb * (row max - row min) for every element, in float64 (exact for these differences)."""
+    x64, y64 = x.double(), x_hat.double()
+    bound = eb * (x64.amax(1, keepdim=True) - x64.amin(1, keepdim=True))  # (rows, 1)
+    excess = (x64 - y64).abs() - bound
+    assert x_hat.shape == x.shape and x_hat.dtype == x.dtype
+    assert bool((excess <= 0).all()), f"bound broken by {excess.max().item()} at {np.unravel_index(int(excess.argmax()), excess.shape)}"
+
+
+def round_trip(x: torch.Tensor, eb: float) -> torch.Tensor:
+    x_hat = decompress(compress(x, eb))
+    assert_within_bound(x, x_hat, eb)
+    return x_hat
+
+
+@pytest.mark.parametrize("eb,bits", [(1e-1, 3), (1e-2, 6), (1e-3, 9), (1e-4, 13), (0.5, 2), (1 / 126, 7)])
+def test_code_bits(eb, bits):
+    assert code_bits(eb) == bits
+
+
+@pytest.mark.parametrize("eb", [0.0, -1e-2, 0.6, float("nan"), 1e-6])
+def test_bad_bound_is_an_error(eb):
+    with pytest.raises(ValueError, match="eb"):
+        compress(torch.ones(2, 3), eb)
+
+
+@pytest.mark.parametrize("eb", EBS)
+@pytest.mark.parametrize("scale", [1e-30, 1e-3, 1.0, 1e30])
+def test_bound_on_normal_rows(eb, scale):
+    x = torch.randn(64, 33, generator=torch.Generator().manual_seed(1)) * scale
+    round_trip(x, eb)
+
+
+@pytest.mark.parametrize("eb", EBS)
+def test_bound_on_edge_rows(eb):
+    g = torch.Generator().manual_seed(2)
+    cases = [
+        torch.full((5, 17), 0.3),  # constant
+        torch.randn(9, 1, generator=g),  # rows of length 1
+        torch.tensor([[-3e38, 3e38, 0.0, 1.0]]),  # range overflows float32: sent raw
+        torch.tensor([[-1e30, 1e-30, 5.0, 1e30]]),  # huge range, mixed signs
+        1e4 + torch.randn(8, 64, generator=g),  # far from zero next to its range
+        torch.randn(6, 40, generator=g) * 1e-40,  # subnormal
+        torch.tensor([[-0.0, 0.0, -0.0]]),
+    ]
+    for x in cases:
+        x_hat = round_trip(x, eb)
+        if x.shape[1] == 1 or bool((x == x[:, :1]).all()):
+            assert torch.equal(x_hat, x)  # constant rows are exact
+
+
+finite = st.floats(allow_nan=False, allow_infinity=False, width=32)  # any float32, overflowing ranges too
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.integers(0, 6), cols=st.integers(1, 40), eb=st.sampled_from(EBS), data=st.data())
+def test_bound_property(rows, cols, eb, data):
+    values = data.draw(st.lists(finite, min_size=rows * cols, max_size=rows * cols))
+    x = torch.tensor(values, dtype=torch.float32).reshape(rows, cols)
+    round_trip(x, eb)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2 ** 31), scale_exp=st.integers(-30, 30), offset=st.floats(-4, 4),
+       eb=st.sampled_from(EBS), cols=st.integers(1, 300))
+def test_bound_property_scaled_normal(seed, scale_exp, offset, eb, cols):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(4, cols, generator=g) + offset) * 10.0 ** scale_exp
+    round_trip(x, eb)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows", [0, 1, 50])
+@pytest.mark.parametrize("cols", [1, 7, 128, 300])
+def test_round_trip_shape_dtype(dtype, rows, cols):
+    x = (torch.randn(rows, cols, generator=torch.Generator().manual_seed(3)) * 0.05).to(dtype)
+    for eb in (1e-2, 1e-3):
+        round_trip(x, eb)
+
+
+def test_ratio_vs_bf16_at_1e_2():
+    x = torch.randn(2048, 128, generator=torch.Generator().manual_seed(4)) * 0.05
+    payload = compress(x, 1e-2)
+    assert read_header(payload).bits == 6 and read_header(payload).n_raw == 0
+    assert ratio_vs_bf16(payload) >= 2.0  # 6-bit codes + 8 bytes of lo/step per row: ~2.46
+    assert ratio_vs_bf16(compress(x.to(torch.bfloat16), 1e-2)) >= 2.0
+
+
+def test_lossless_stage_only_when_it_pays():
+    x = torch.randn(64, 32, generator=torch.Generator().manual_seed(5))
+    assert not read_header(compress(x, 1e-2)).flags & FLAG_ZERO_BYTES  # dense codes: would grow
+    x[::2] = 0.0  # zero rows: lo, step and codes all zero bytes
+    payload = compress(x, 1e-2)
+    h = read_header(payload)
+    assert h.flags & FLAG_ZERO_BYTES and payload.numel() < h.body_bytes
+    assert torch.equal(decompress(payload)[::2], x[::2])
+    round_trip(x, 1e-2)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.binary(min_size=0, max_size=200))
+def test_zero_bytes_round_trip(raw):
+    body = torch.tensor(list(raw), dtype=torch.uint8)
+    padded = torch.cat([zero_bytes_encode(body), torch.zeros(5, dtype=torch.uint8)])  # trailing pad is ignored
+    assert torch.equal(zero_bytes_decode(padded, body.numel()), body)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_names_row_and_column(bad):
+    x = torch.zeros(4, 6)
+    x[2, 5] = bad
+    x[3, 0] = bad
+    with pytest.raises(ValueError, match=r"row 2 column 5 .*finite"):
+        compress(x, 1e-2)
+
+
+def test_not_a_payload():
+    with pytest.raises(ValueError, match="not a cuda_ext.compress payload"):
+        decompress(torch.zeros(64, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="2-D"):
+        compress(torch.zeros(3), 1e-2)
+
+
+def test_schedule_starts_at_twice_and_decays_to_base():
+    s = ErrorBoundSchedule(1e-3, decay_steps=100)
+    assert s(0) == pytest.approx(2e-3)
+    assert s(50) == pytest.approx(2e-3 * 0.5 ** 0.5)  # geometric halfway
+    values = [s(t) for t in range(101)]
+    assert all(a > b for a, b in zip(values, values[1:]))
+    assert s(100) == s(10_000) == 1e-3
+    with pytest.raises(ValueError, match="start_factor"):
+        ErrorBoundSchedule(1e-3, start_factor=0.5, decay_steps=10)
+
+
+def test_exchange_steps_schedule_and_passes_integers():
+    tables = compressed_exchanges(LoopbackExchange(), {"items": ErrorBoundSchedule(1e-2, decay_steps=4),
+                                                         "users": ErrorBoundSchedule(1e-3, decay_steps=2)})
+    items = tables["items"]
+    assert items.eb == pytest.approx(2e-2) and tables["users"].eb == pytest.approx(2e-3)
+    for _ in range(4):
+        items.step()
+    assert items.eb == 1e-2
+    ids = torch.arange(5)
+    assert torch.equal(items.all_to_all(ids, [5], [5]), ids)
+
+
+def _exchange_worker(rank: int, world: int) -> None:
+    inner = TorchExchange()
+    ex = CompressedExchange(inner, ErrorBoundSchedule(1e-2, decay_steps=10))
+    g = torch.Generator().manual_seed(rank)
+    send_counts = [(rank + j) % 3 for j in range(world)]  # includes empty segments
+    send_counts[0] = 0
+    recv_counts = ex.exchange_counts(send_counts)
+    for dtype in (torch.float32, torch.bfloat16):
+        rows = (torch.randn(sum(send_counts), 16, generator=g) * 0.05).to(dtype)
+        plain = inner.all_to_all(rows, send_counts, recv_counts)
+        got = ex.all_to_all(rows, send_counts, recv_counts)
+        assert_within_bound(plain, got, ex.eb)
+    ids = torch.randint(0, 1000, (sum(send_counts),), generator=g)
+    assert torch.equal(ex.all_to_all(ids, send_counts, recv_counts), inner.all_to_all(ids, send_counts, recv_counts))
+    flags = (ids % 2).to(torch.uint8)
+    assert torch.equal(ex.all_to_all(flags, send_counts, recv_counts),
+                       inner.all_to_all(flags, send_counts, recv_counts))
+    ex.step()
+    empty = torch.empty(0, 16)
+    assert ex.all_to_all(empty, [0] * world, [0] * world).shape == (0, 16)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_compressed_exchange_gloo(world):
+    run_world(_exchange_worker, world)
+
+
+# ---- the CUDA side ----------------------------------------------------------------------------------------
+
+SOURCE = Path(__file__).resolve().parents[2] / "cuda_ext" / "compress.cu"
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_compress_cu_compiles(tmp_path):
+    done = subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90", "-c", str(SOURCE), "-o", str(tmp_path / "c.o")],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("eb", EBS)
+def test_cuda_matches_reference_bytes(dtype, eb):
+    g = torch.Generator().manual_seed(6)
+    x = torch.cat([torch.randn(300, 129, generator=g) * 0.05,
+                   1e4 + torch.randn(20, 129, generator=g),  # some rows fall back to raw
+                   torch.full((10, 129), 0.25), torch.zeros(10, 129),
+                   torch.randn(10, 129, generator=g) * 1e30]).to(dtype)
+    cpu = compress(x, eb)
+    gpu = compress(x.cuda(), eb)
+    assert gpu.is_cuda and torch.equal(gpu.cpu(), cpu)
+    assert torch.equal(decompress(gpu).cpu(), decompress(cpu))
+    assert_within_bound(x, decompress(gpu).cpu(), eb)
+
+
+@pytest.mark.gpu
+def test_cuda_non_finite_names_row_and_column():
+    x = torch.zeros(5, 300, device="cuda")
+    x[4, 299] = float("nan")
+    with pytest.raises(ValueError, match="row 4 column 299"):
+        compress(x, 1e-2)
