@@ -7,6 +7,7 @@ only the list offsets of the item column are read, one row group at a time.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable, Iterable
 
 import numpy as np
 import pyarrow.compute as pc
@@ -16,7 +17,8 @@ from loader.convert import input_files
 from loader.schema import Columns, validate_schema
 
 
-def read_lengths(source: str | Path, *, columns: Columns = Columns()) -> tuple[np.ndarray, dict]:
+def read_lengths(source: str | Path, *, columns: Columns = Columns(),
+                 progress: Callable[[Iterable], Iterable] = iter) -> tuple[np.ndarray, dict]:
     """Lengths (int64 (N,), file then row order) of every non-empty history, and skip counts.
 
     Null and empty histories cannot be planned; they are counted in the returned dict
@@ -27,7 +29,7 @@ def read_lengths(source: str | Path, *, columns: Columns = Columns()) -> tuple[n
         raise FileNotFoundError(f"{source}: holds no .parquet files")
     chunks: list[np.ndarray] = []
     skipped = {"null history": 0, "empty history": 0}
-    for path in paths:
+    for path in progress(paths):
         try:
             parquet = pq.ParquetFile(path)
         except Exception as exc:  # pyarrow raises several types for a corrupt footer

@@ -1,0 +1,114 @@
+"""Numbers of the offline balancing-quality report: lengths in, one JSON-able dict out.
+
+Plans every global batch of an epoch (``evaluate.epoch_steps``: the loader's order and seed) with each
+method and keeps, per step and method, what the report plots: the lockstep bubble fraction, max/mean,
+and the GPU-seconds lost to the lockstep bubble. ``freescale report`` renders the dict as HTML.
+
+Lost GPU-seconds of one step, with ``C[r, j]`` the cost of rank r's microbatch j and ``s`` seconds per
+cost unit (every rank a GPU, a collective after every microbatch, a bin's time ``s * C[r, j]``):
+
+    lost = s * (R * sum_j max_r C[r, j] - sum_{r, j} C[r, j])
+
+i.e. R times the lockstep step time minus the busy time; ``lost / (s R sum_j max_r C)`` is the step's
+``bubble_fraction``. Summed over the epoch's steps and divided by 3600: GPU-hours lost per epoch.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+
+from balancer.cost import CostModel
+from balancer.evaluate import epoch_steps
+from balancer.plan import plan
+
+HEATMAP_METHODS = ("balanced", "naive")  # the worst step (largest ``balanced`` bubble) under each
+
+
+def length_histogram(lengths: np.ndarray) -> dict:
+    """Counts of lengths in power-of-two bins ``[2^k, 2^(k+1))``, k = 0 .. floor(log2(max)).
+
+    Returns ``{"edges": [1, 2, 4, ..., 2^(K+1)], "counts": [...]}``: K+2 edges, K+1 counts summing to N.
+    """
+    if lengths.size == 0:
+        return {"edges": [1, 2], "counts": [0]}
+    top = int(lengths.max()).bit_length()  # 2^(top-1) <= max < 2^top
+    edges = np.left_shift(1, np.arange(top + 1, dtype=np.int64))  # (top + 1,)
+    bins = np.searchsorted(edges, lengths, side="right") - 1  # (N,) in [0, top)
+    return {"edges": edges.tolist(), "counts": np.bincount(bins, minlength=top).tolist()}
+
+
+def lost_seconds(loads: np.ndarray, seconds_per_cost: float) -> float:
+    """GPU-seconds idle in one lockstep step of (R, M) ``loads``: ``s (R sum_j max_r C - sum C)``."""
+    ranks = loads.shape[0]
+    return seconds_per_cost * (ranks * float(loads.max(axis=0).sum()) - float(loads.sum()))
+
+
+def build_report(
+    lengths: np.ndarray,
+    *,
+    ranks: int,
+    microbatches: int,
+    samples_per_step: int,
+    methods: Sequence[str],
+    cost_model: CostModel | None = None,
+    seconds_per_cost: float | None = None,
+    max_tokens: int | None = None,
+    equal_count: bool = False,
+    seed: int = 0,
+    shuffle: bool = True,
+    progress: Callable[[Iterable], Iterable] = iter,
+) -> dict:
+    """Every number of the report (see ``docs/report.md`` for the keys).
+
+    ``seconds_per_cost`` converts cost units to seconds; ``None`` leaves the GPU-hours out (lost time is
+    then reported in cost units only). ``methods`` must include ``balanced``: it picks the worst step.
+    """
+    methods = list(dict.fromkeys(methods))
+    if "balanced" not in methods:
+        raise ValueError(f"methods {methods} must include 'balanced': the worst step is the one where it "
+                         "leaves the largest bubble")
+    if seconds_per_cost is not None and not (np.isfinite(seconds_per_cost) and seconds_per_cost > 0):
+        raise ValueError(f"seconds_per_cost must be a positive number, got {seconds_per_cost!r}")
+    steps = epoch_steps(len(lengths), samples_per_step, seed=seed, shuffle=shuffle)
+    options = dict(ranks=ranks, microbatches=microbatches, cost_model=cost_model, max_tokens=max_tokens,
+                   equal_count=equal_count, seed=seed)
+    bubble = {m: np.zeros(len(steps)) for m in methods}  # lockstep bubble fraction per step
+    max_over_mean = {m: np.zeros(len(steps)) for m in methods}
+    lost_cost = {m: np.zeros(len(steps)) for m in methods}  # lost GPU time per step, cost units
+    for i, batch in enumerate(progress(steps)):
+        for method in methods:
+            p = plan(lengths[batch], method=method, **options)
+            bubble[method][i] = p.metrics["bubble_fraction"]
+            max_over_mean[method][i] = p.metrics["max_over_mean"]
+            lost_cost[method][i] = lost_seconds(p.loads, 1.0)
+
+    worst = int(np.argmax(bubble["balanced"])) if steps else None
+    return {
+        "config": {"ranks": ranks, "microbatches": microbatches, "samples_per_step": samples_per_step,
+                   "methods": methods, "cost_model": (cost_model.to_dict() if cost_model else None),
+                   "seconds_per_cost": seconds_per_cost, "max_tokens": max_tokens, "equal_count": equal_count,
+                   "seed": seed, "shuffle": shuffle},
+        "histories": int(lengths.size),
+        "tokens": int(lengths.sum()),
+        "histogram": length_histogram(lengths),
+        "steps": len(steps),
+        "bubble_fraction": {m: v.tolist() for m, v in bubble.items()},
+        "max_over_mean": {m: v.tolist() for m, v in max_over_mean.items()},
+        "cdf": {m: np.sort(v).tolist() for m, v in max_over_mean.items()},
+        "worst_step": _worst_step(lengths, steps, worst, options),
+        "lost_cost_units": {m: float(v.sum()) for m, v in lost_cost.items()},
+        "gpu_hours_lost": ({m: float(v.sum()) * seconds_per_cost / 3600 for m, v in lost_cost.items()}
+                           if seconds_per_cost is not None else None),
+    }
+
+
+def _worst_step(lengths: np.ndarray, steps: list[np.ndarray], worst: int | None, options: dict) -> dict | None:
+    """The (R, M) loads of step ``worst`` under each of ``HEATMAP_METHODS`` (planning is deterministic)."""
+    if worst is None:
+        return None
+    plans = {m: plan(lengths[steps[worst]], method=m, **options) for m in HEATMAP_METHODS}
+    return {"index": worst, "samples": int(len(steps[worst])),
+            "loads": {m: p.loads.tolist() for m, p in plans.items()},
+            "bubble_fraction": {m: p.metrics["bubble_fraction"] for m, p in plans.items()}}
