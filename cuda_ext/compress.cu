@@ -24,7 +24,7 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kMaxGrid = 1 << 20;
-// 1 - 2^-50: covers the three float64 roundings of the bound check (see verify_margin in compress.py).
+// 1 - 2^-50: covers the three float64 roundings of the bound check (VERIFY_MARGIN in compress.py).
 constexpr double kCheck = 1.0 - 1.0 / 1125899906842624.0;
 
 template <typename T> __device__ __forceinline__ float to_f32(T v);

@@ -12,8 +12,8 @@ The bound is checked, not hoped for: the encoder reconstructs each element exact
 a relative margin of 2^-50 that covers the three float64 roundings of the check, so a pass proves the bound
 in exact arithmetic. A row with any failing element (a range that overflows float32, values whose float32
 spacing is coarse next to the bound, a 16-bit output grid coarser than the bound) is sent raw, in its own
-dtype. The 2^-8 slack in `code_bits` makes such rows rare (none in float32 rows whose |values| stay within
-~100x their range at eb = 1e-2). Constant rows (hi == lo) reconstruct exactly.
+dtype. The 2^-8 slack in `code_bits` makes such rows rare (at eb = 1e-2, none in float32 rows whose |values|
+stay within ~1000x their range). Constant rows (hi == lo) reconstruct exactly.
 
 The CUDA kernels (compress.cu) and the torch reference below compute the same values with the same
 correctly rounded float32/float64 operations in the same order, so CPU and GPU payloads are identical bytes.
