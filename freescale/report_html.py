@@ -123,8 +123,8 @@ def _bubble_plot(bubbles: dict[str, list[float]]) -> str:
     top = max((max(v, default=0.0) for v in bubbles.values()), default=0.0) or 1.0
     to_x = _scale(0, max(n - 1, 1), PAD_L, W - PAD_R)
     to_y = _scale(0, top, H - PAD_B, PAD_T)
-    svg = _svg(_lines(bubbles, to_x, to_y) + _axes("step", "lockstep bubble fraction", _ticks(0, top, to_y),
-                                                    _ticks(0, max(n - 1, 1), to_x, fmt="{:.0f}")))
+    xticks = [(to_x(i), str(i)) for i in sorted({round((n - 1) * k / 4) for k in range(5)})]  # whole steps
+    svg = _svg(_lines(bubbles, to_x, to_y) + _axes("step", "lockstep bubble fraction", _ticks(0, top, to_y), xticks))
     return _figure("bubble", svg, _legend(bubbles) + "Per-step lockstep bubble fraction "
                    "1 &minus; &Sigma;<sub>j</sub> mean<sub>r</sub> C[r,j] / &Sigma;<sub>j</sub> max<sub>r</sub> C[r,j].")
 
