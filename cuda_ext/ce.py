@@ -76,6 +76,16 @@ def _new(name: str, *args) -> int:
     return out.value or 0
 
 
+def _cuda_index(device: torch.device | str | int | None) -> int:
+    """The CUDA device index of `device` (None or "cuda": torch's current device)."""
+    if isinstance(device, int):
+        return device
+    dev = torch.device("cuda") if device is None else torch.device(device)
+    if dev.type != "cuda":
+        raise ValueError(f"device {device!r} is not a CUDA device; give 'cuda:N', N, or None for the current one")
+    return torch.cuda.current_device() if dev.index is None else dev.index
+
+
 def receive_offsets(counts: Tensor) -> Tensor:
     """counts (W, W), counts[i, j] = rows i sends to j -> offsets (W, W): row of j's buffer where i's start.
 
@@ -95,7 +105,7 @@ class CopyEngineExchange:
     """
 
     def __init__(self, group: dist.ProcessGroup | None = None, *, priority: int = 0,
-                 device: torch.device | int | None = None, node: str | None = None):
+                 device: torch.device | str | int | None = None, node: str | None = None):
         if not torch.cuda.is_available():
             raise RuntimeError("exchange transport 'ce' needs CUDA devices, but torch.cuda.is_available() is "
                                "False; use transport 'gloo' on CPU (or 'nccl' for SM-based GPU transfers)")
@@ -106,8 +116,7 @@ class CopyEngineExchange:
                              f"'cpu:gloo,cuda:nccl'")
         self.group = group
         self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
-        self.device = torch.device("cuda", torch.cuda.current_device() if device is None
-                                   else torch.device("cuda", device).index)
+        self.device = torch.device("cuda", _cuda_index(device))
         self._counts = TorchExchange(group, device="cpu")
         dev = self.device.index
         least, greatest = ctypes.c_int(), ctypes.c_int()

@@ -5,18 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cuda_ext import build, ce
+from cuda_ext import ce
 from cuda_ext.ce import CopyEngineExchange, receive_offsets
+from tests.cuda_ext.test_build import needs_nvcc
 from tests.trainer.dist import run_world
 from trainer.exchange import TorchExchange, make_exchange
-
-
-def _has_nvcc() -> bool:
-    try:
-        build.find_nvcc()
-    except RuntimeError:
-        return False
-    return True
 
 
 @pytest.fixture
@@ -36,6 +29,12 @@ def test_unknown_transport_lists_ce():
         make_exchange("shm")
 
 
+def test_device_index():
+    assert ce._cuda_index("cuda:2") == 2 and ce._cuda_index(1) == 1
+    with pytest.raises(ValueError, match="device 'cpu' is not a CUDA device"):
+        ce._cuda_index("cpu")
+
+
 @pytest.mark.parametrize("world", [1, 2, 5])
 def test_receive_offsets_is_the_exclusive_column_prefix_sum(world):
     counts = torch.randint(0, 7, (world, world), generator=torch.Generator().manual_seed(world))  # (W, W)
@@ -45,7 +44,7 @@ def test_receive_offsets_is_the_exclusive_column_prefix_sum(world):
             assert offsets[i, j] == sum(int(counts[k, j]) for k in range(i))
 
 
-@pytest.mark.skipif(not _has_nvcc(), reason="needs nvcc (the CUDA toolkit compiler)")
+@needs_nvcc
 def test_a_failing_cuda_call_names_the_call(cuda_cache):
     with pytest.raises(RuntimeError, match=r"fs_malloc failed: .+ \(cudaError_t \d+\)"):
         ce._new("fs_malloc", 9999, 16)  # no driver here; an invalid device on a GPU machine
