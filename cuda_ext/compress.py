@@ -29,6 +29,7 @@ Payload: one flat uint8 tensor, a multiple of ALIGN bytes, that can travel throu
 from __future__ import annotations
 
 import ctypes
+import itertools
 import math
 import struct
 from dataclasses import dataclass
@@ -285,7 +286,7 @@ def decompress(payload: Tensor) -> Tensor:
         body = zero_bytes_decode(body, h.body_bytes)
     elif body.storage_offset() % ALIGN:
         body = body.clone()  # a slice of a received buffer: re-align for the typed views below
-    ends = torch.tensor(h.sections()).cumsum(0).tolist()
+    ends = list(itertools.accumulate(h.sections()))
     lo_b, step_b, codes_b, raw_b, values_b = (body[a:b] for a, b in zip([0] + ends[:-1], ends))
     row_bytes = -(-h.cols * h.bits // 8)
     lo, step = lo_b[:4 * h.rows].view(torch.float32), step_b[:4 * h.rows].view(torch.float32)
