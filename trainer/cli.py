@@ -14,6 +14,9 @@ def register(sub) -> None:
     p.add_argument("--nproc", type=int, default=2,
                    help="local ranks to spawn (default 2); under torchrun each process is one rank instead")
     p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="process-group backend")
+    p.add_argument("--transport", choices=("gloo", "nccl", "ce"),
+                   help="embedding all-to-all: gloo, nccl, or ce (copy engines, cuda_ext; needs --backend nccl); "
+                        "default: the backend")
     p.add_argument("--steps", type=int, default=250, help="optimizer steps (default 250: ~50 MovieLens epochs)")
     p.add_argument("--balance", choices=("on", "off"), default="on",
                    help="on: the loader's balanced planner; off: count split (naive)")
@@ -46,7 +49,8 @@ def _run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="freescale-train-data-") as tmp:
         data = args.data or _bundled_movielens(Path(tmp))
         cfg = TrainConfig(
-            data=data, nproc=args.nproc, backend=args.backend, steps=args.steps, balance=args.balance == "on",
+            data=data, nproc=args.nproc, backend=args.backend, transport=args.transport, steps=args.steps,
+            balance=args.balance == "on",
             overlap=args.overlap == "on", metrics_out=args.metrics_out, microbatches=args.microbatches,
             samples_per_step=args.samples_per_step, d_model=args.d_model, num_layers=args.layers,
             num_heads=args.heads, attention=args.attention, dropout=args.dropout, max_len=args.max_len,

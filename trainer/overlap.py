@@ -33,6 +33,10 @@ def make_prefetch_exchange(transport: str) -> Exchange:
 
     A collective: every rank calls it, in the same order relative to its other `new_group` calls.
     """
+    if transport == "ce":  # copies on a high-priority stream; handles and barriers over a CPU (gloo) group
+        from cuda_ext.ce import CopyEngineExchange
+
+        return CopyEngineExchange(dist.new_group(backend="gloo"), priority=-1)
     if transport == "nccl" and hasattr(dist, "ProcessGroupNCCL"):
         options = dist.ProcessGroupNCCL.Options()
         options.is_high_priority_stream = True

@@ -44,6 +44,7 @@ class TrainConfig:
     data: str
     nproc: int = 2
     backend: str = "gloo"
+    transport: str | None = None  # the embedding exchange: gloo, nccl or ce (copy engines); default: backend
     steps: int = 100
     balance: bool = True
     overlap: bool = True
@@ -74,6 +75,12 @@ class TrainConfig:
                 raise ValueError(f"{key} must be a positive integer, got {value!r}")
         if self.backend not in ("gloo", "nccl"):
             raise ValueError(f"backend must be 'gloo' or 'nccl', got {self.backend!r}")
+        self.transport = self.transport or self.backend
+        if self.transport not in ("gloo", "nccl", "ce"):
+            raise ValueError(f"transport must be 'gloo', 'nccl' or 'ce', got {self.transport!r}")
+        if self.transport != self.backend and not (self.transport == "ce" and self.backend == "nccl"):
+            raise ValueError(f"transport {self.transport!r} needs backend "
+                             f"{'nccl' if self.transport == 'ce' else self.transport!r}, got {self.backend!r}")
         if self.backend == "nccl" and torch.cuda.device_count() < self.nproc:
             raise ValueError(f"backend 'nccl' needs one CUDA device per rank: {self.nproc} ranks, "
                              f"{torch.cuda.device_count()} devices; use --backend gloo on CPU")
@@ -145,11 +152,17 @@ def run_rank(rank: int, world: int, cfg: TrainConfig, shared: dict, address: str
     """One rank's whole run (a process): returns its records and, on rank 0, the evaluation."""
     from loader import SequenceLoader
 
-    dist.init_process_group(cfg.backend, init_method=address, rank=rank, world_size=world)
+    dist.init_process_group(_group_backend(cfg), init_method=address, rank=rank, world_size=world)
     try:
         return _train(rank, world, cfg, shared, SequenceLoader)
     finally:
         dist.destroy_process_group()
+
+
+def _group_backend(cfg: TrainConfig) -> str:
+    """The default group's backend: ``ce`` exchanges its handles and barriers over gloo, the dense
+    gradients over nccl."""
+    return "cpu:gloo,cuda:nccl" if cfg.transport == "ce" else cfg.backend
 
 
 def _train(rank: int, world: int, cfg: TrainConfig, shared: dict, SequenceLoader) -> dict:
@@ -158,8 +171,8 @@ def _train(rank: int, world: int, cfg: TrainConfig, shared: dict, SequenceLoader
     torch.manual_seed(cfg.seed)  # dense parameters: the same initial values on every rank
     vocabulary: Vocabulary = shared["vocabulary"]
     collectives = Collectives()
-    main_exchange = TimedExchange(make_exchange(cfg.backend), collectives)
-    prefetch = TimedExchange(make_prefetch_exchange(cfg.backend), collectives) if cfg.overlap else None
+    main_exchange = TimedExchange(make_exchange(cfg.transport), collectives)
+    prefetch = TimedExchange(make_prefetch_exchange(cfg.transport), collectives) if cfg.overlap else None
     table = ShardedEmbedding(len(vocabulary.ids), cfg.d_model, exchange=main_exchange, init_seed=cfg.seed,
                              lr=cfg.emb_lr, device=device)
     model = HSTU(cfg.d_model, cfg.num_layers, cfg.num_heads, attention=cfg.attention, max_len=cfg.max_len,
@@ -314,7 +327,7 @@ def _train_torchrun(cfg: TrainConfig) -> dict:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     run_id = os.environ.get("TORCHELASTIC_RUN_ID", "torchrun")
     work = Path(cfg.work_dir or tempfile.gettempdir()) / f"freescale-train-{run_id}"
-    dist.init_process_group(cfg.backend)  # env:// from the launcher
+    dist.init_process_group(_group_backend(cfg))  # env:// from the launcher
     try:
         shared = prepare(cfg, work, write=rank == 0)  # rank 0 writes the split every rank streams
         shared.update(run_id=run_id, local_rank=int(os.environ.get("LOCAL_RANK", rank)))

@@ -62,6 +62,10 @@ def test_bad_arguments_name_the_value(data):
         TrainConfig(data=data, backend="mpi")
     with pytest.raises(ValueError, match="loader backend 'ray' needs ray_address"):
         TrainConfig(data=data, loader_backend="ray")
+    with pytest.raises(ValueError, match="transport 'ce' needs backend 'nccl', got 'gloo'"):
+        TrainConfig(data=data, transport="ce")
+    with pytest.raises(ValueError, match="transport must be 'gloo', 'nccl' or 'ce', got 'rdma'"):
+        TrainConfig(data=data, transport="rdma")
 
 
 def test_under_torchrun_each_process_is_one_rank(data, tmp_path):
