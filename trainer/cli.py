@@ -23,6 +23,9 @@ def register(sub) -> None:
     p.add_argument("--overlap", choices=("on", "off"), default="on",
                    help="prefetch the next microbatch's embedding exchange beside compute")
     p.add_argument("--metrics-out", help="per rank and step JSONL (and FILE.summary.json)")
+    p.add_argument("--compress-eb", type=float,
+                   help="compress the forward embedding rows of the exchange with this error bound (a fraction of "
+                        "each row's range; the bound starts at 2x and decays to it over the first half of training)")
     p.add_argument("--microbatches", type=int, default=4)
     p.add_argument("--samples-per-step", type=int, default=128)
     p.add_argument("--d-model", type=int, default=64)
@@ -55,7 +58,7 @@ def _run(args: argparse.Namespace) -> int:
             samples_per_step=args.samples_per_step, d_model=args.d_model, num_layers=args.layers,
             num_heads=args.heads, attention=args.attention, dropout=args.dropout, max_len=args.max_len,
             negatives=args.negatives, lr=args.lr, emb_lr=args.emb_lr, seed=args.seed, loader_backend=args.loader,
-            ray_address=args.ray_address, work_dir=args.work_dir,
+            ray_address=args.ray_address, work_dir=args.work_dir, compress_eb=args.compress_eb,
         )
         summary = train(cfg)
     if "losses" in summary:  # rank 0 (or the spawning parent) reports

@@ -102,18 +102,21 @@ class ShardedEmbedding(nn.Module):
 
     Lookups and backwards are collectives: every rank calls `lookup` (or `fetch`) in the same order, and runs
     backward through every lookup's output in the same order (an empty lookup included: keep its output in
-    the loss). Gradients of several microbatches accumulate until `step`.
+    the loss). Gradients of several microbatches accumulate until `step`. `fetch_exchange` (default: `exchange`)
+    carries the forward fetches, e.g. one that compresses the row payload; gradients always use `exchange`.
     """
 
     def __init__(self, num_items: int, dim: int, *, exchange: Exchange, init_seed: int, lr: float = 0.01,
-                 eps: float = 1e-8, init_std: float | None = None, device: torch.device | str = "cpu"):
+                 eps: float = 1e-8, init_std: float | None = None, device: torch.device | str = "cpu",
+                 fetch_exchange: Exchange | None = None):
         super().__init__()
         if num_items < 1 or dim < 1:
             raise ValueError(f"num_items={num_items} and dim={dim} must both be >= 1")
         if lr <= 0 or eps <= 0:
             raise ValueError(f"lr={lr} and eps={eps} must both be > 0")
         self.num_items, self.dim, self.lr, self.eps = num_items, dim, lr, eps
-        self.exchange = exchange
+        self.exchange = exchange  # gradients (backward) always go through it
+        self.fetch_exchange = fetch_exchange or exchange  # forward fetches by default (e.g. a compressing one)
         self.rank, self.world_size = exchange.rank, exchange.world_size
         std = dim ** -0.5 if init_std is None else init_std
         shards = []
@@ -147,7 +150,7 @@ class ShardedEmbedding(nn.Module):
         (served since their last update) only when `fetch_deferred` is called after that step.
         """
         self._check_ids(ids)
-        ex = exchange or self.exchange
+        ex = exchange or self.fetch_exchange
         world = self.world_size
         with record_function("## emb: id all-to-all ##"):
             uniq, inverse_uniq = torch.unique(ids, return_inverse=True)  # (U,), (T,)
@@ -178,7 +181,7 @@ class ShardedEmbedding(nn.Module):
         """After `step`: receive the collided rows of an `after_update` fetch (a collective, every rank)."""
         if not fetch.pending:
             raise ValueError("fetch_deferred needs a fetch made with after_update=True and not yet completed")
-        ex = exchange or self.exchange
+        ex = exchange or self.fetch_exchange
         with record_function("## emb: collided row all-to-all ##"):
             fetch.rows[fetch.collided] = ex.all_to_all(self.weight[fetch.served[fetch.deferred]],
                                                        _segment_counts(fetch.deferred, fetch.recv_counts),

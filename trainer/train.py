@@ -58,6 +58,7 @@ class TrainConfig:
     dropout: float = 0.2
     max_len: int = 200
     negatives: int = 128
+    compress_eb: float | None = None  # error bound of the forward row payload (cuda_ext.compress); None: off
     temperature: float = 0.05
     lr: float = 1e-3
     emb_lr: float = 0.05
@@ -84,6 +85,8 @@ class TrainConfig:
         if self.backend == "nccl" and torch.cuda.device_count() < self.nproc:
             raise ValueError(f"backend 'nccl' needs one CUDA device per rank: {self.nproc} ranks, "
                              f"{torch.cuda.device_count()} devices; use --backend gloo on CPU")
+        if self.compress_eb is not None and not 0.0 < self.compress_eb <= 0.5:
+            raise ValueError(f"compress_eb must be in (0, 0.5] (a fraction of each row's range), got {self.compress_eb}")
         if self.loader_backend == "ray" and self.ray_address is None:
             raise ValueError("loader backend 'ray' needs ray_address (the ranks must share one Ray cluster: "
                              "start one with `ray start --head` and pass its address), or use the inline loader")
@@ -171,10 +174,24 @@ def _train(rank: int, world: int, cfg: TrainConfig, shared: dict, SequenceLoader
     torch.manual_seed(cfg.seed)  # dense parameters: the same initial values on every rank
     vocabulary: Vocabulary = shared["vocabulary"]
     collectives = Collectives()
-    main_exchange = TimedExchange(make_exchange(cfg.transport), collectives)
-    prefetch = TimedExchange(make_prefetch_exchange(cfg.transport), collectives) if cfg.overlap else None
+    inner = make_exchange(cfg.transport)
+    main_exchange = TimedExchange(inner, collectives)
+    compressed = []  # exchanges whose error bound follows the step
+
+    def fetching(exchange):
+        """The exchange forward fetches use: compressed when asked (gradients are never compressed)."""
+        if cfg.compress_eb is None:
+            return TimedExchange(exchange, collectives)
+        from cuda_ext.compress import CompressedExchange, ErrorBoundSchedule
+
+        compressed.append(CompressedExchange(exchange, ErrorBoundSchedule(cfg.compress_eb,
+                                                                          decay_steps=max(1, cfg.steps // 2))))
+        return TimedExchange(compressed[-1], collectives)
+
+    prefetch = fetching(make_prefetch_exchange(cfg.transport)) if cfg.overlap else None
     table = ShardedEmbedding(len(vocabulary.ids), cfg.d_model, exchange=main_exchange, init_seed=cfg.seed,
-                             lr=cfg.emb_lr, device=device)
+                             lr=cfg.emb_lr, device=device,
+                             fetch_exchange=fetching(inner) if cfg.compress_eb is not None else None)
     model = HSTU(cfg.d_model, cfg.num_layers, cfg.num_heads, attention=cfg.attention, max_len=cfg.max_len,
                  dropout=cfg.dropout).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
@@ -197,6 +214,8 @@ def _train(rank: int, world: int, cfg: TrainConfig, shared: dict, SequenceLoader
             collectives.timed(dist.all_reduce, p.grad)
         optimizer.step()
         optimizer.zero_grad(set_to_none=False)
+        for exchange in compressed:
+            exchange.step()
 
     records: list[StepRecord] = []
     planner = "balanced" if cfg.balance else "naive"

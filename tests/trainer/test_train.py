@@ -80,3 +80,13 @@ def test_under_torchrun_each_process_is_one_rank(data, tmp_path):
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert sorted((r["step"], r["rank"]) for r in lines) == [(s, r) for s in range(3) for r in (0, 1)]
     assert done.stdout.count("leave-last-out over all items") == 1
+
+
+def test_compressed_forward_rows_train_close_to_the_exact_run(data):
+    # --compress-eb: the forward rows arrive within the bound, gradients are exact; a short run stays close
+    exact = train(TrainConfig(data=data, steps=8, overlap=True, **SMALL))
+    lossy = train(TrainConfig(data=data, steps=8, overlap=True, compress_eb=1e-3, **SMALL))
+    assert lossy["losses"] != exact["losses"]  # the payload really was compressed
+    np.testing.assert_allclose(lossy["losses"], exact["losses"], rtol=5e-2)
+    with pytest.raises(ValueError, match="compress_eb must be in"):
+        TrainConfig(data=data, compress_eb=0.0)
