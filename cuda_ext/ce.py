@@ -28,7 +28,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from cuda_ext.build import load
-from trainer.exchange import TorchExchange, _check_counts
+from trainer.exchange import TorchExchange, check_split
 
 MIN_BUFFER_BYTES = 1 << 20
 HANDLE_BYTES = 64
@@ -145,11 +145,7 @@ class CopyEngineExchange:
         return self._counts.exchange_counts(send_counts)
 
     def all_to_all(self, send: Tensor, send_counts: list[int], recv_counts: list[int]) -> Tensor:
-        _check_counts("send_counts", send_counts, self.world_size)
-        _check_counts("recv_counts", recv_counts, self.world_size)
-        if send.shape[0] != sum(send_counts):
-            raise ValueError(f"send has {send.shape[0]} rows but send_counts {list(send_counts)} sum to "
-                             f"{sum(send_counts)}; the counts must split dim 0 of send exactly")
+        check_split(send, send_counts, recv_counts, self.world_size)
         if send.device != self.device:
             raise ValueError(f"send is on {send.device} but this exchange copies on {self.device}; move it "
                              f"there or construct the exchange with device={send.device}")

@@ -41,6 +41,15 @@ def _check_counts(name: str, counts: list[int], world_size: int) -> None:
         raise ValueError(f"{name} {list(counts)} has a negative count; counts are row numbers >= 0")
 
 
+def check_split(send: Tensor, send_counts: list[int], recv_counts: list[int], world_size: int) -> None:
+    """The counts of an all-to-all: one per rank, >= 0, and ``send_counts`` splitting dim 0 of ``send``."""
+    _check_counts("send_counts", send_counts, world_size)
+    _check_counts("recv_counts", recv_counts, world_size)
+    if send.shape[0] != sum(send_counts):
+        raise ValueError(f"send has {send.shape[0]} rows but send_counts {list(send_counts)} sum to "
+                         f"{sum(send_counts)}; the counts must split dim 0 of send exactly")
+
+
 class TorchExchange:
     """`torch.distributed.all_to_all_single` over `group` (gloo on CPU, nccl on GPU).
 
@@ -61,11 +70,7 @@ class TorchExchange:
         return recv.tolist()
 
     def all_to_all(self, send: Tensor, send_counts: list[int], recv_counts: list[int]) -> Tensor:
-        _check_counts("send_counts", send_counts, self.world_size)
-        _check_counts("recv_counts", recv_counts, self.world_size)
-        if send.shape[0] != sum(send_counts):
-            raise ValueError(f"send has {send.shape[0]} rows but send_counts {list(send_counts)} sum to "
-                             f"{sum(send_counts)}; the counts must split dim 0 of send exactly")
+        check_split(send, send_counts, recv_counts, self.world_size)
         recv = send.new_empty((sum(recv_counts), *send.shape[1:]))  # (sum(recv_counts), *trailing)
         dist.all_to_all_single(recv, send.contiguous(), output_split_sizes=list(recv_counts),
                                input_split_sizes=list(send_counts), group=self.group)
