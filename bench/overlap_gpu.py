@@ -494,6 +494,10 @@ def a2a_world(world: int, cfg: dict) -> dict:
 def a2a_part(args, stub: bool = False) -> list[dict]:
     if not stub:
         require_cuda("part 2 (ce all-to-all)")
+    if not stub:
+        from cuda_ext.build import build
+
+        build()  # once here, not in W ranks at once
     cfg = {"stub": stub, "bytes": args.a2a_mb << 20, "iters": args.a2a_iters}
     what = "stub gloo exchange on the CPU (smoke)" if stub else "`ce` vs SM-kernel baseline, processes on one GPU"
     print(f"\n== 2. all-to-all, {args.a2a_mb} MiB of bf16 rows sent by each rank: {what}", flush=True)
