@@ -1,0 +1,282 @@
+"""Cluster-scale bubble simulator: lockstep training steps from planned bins, a cost model and an exchange.
+
+Pure NumPy, vectorised over (step, rank, microbatch). Per step k, rank r and microbatch j:
+
+- ``t[k, r, j]`` compute seconds of the bin (``compute_seconds``: a timing model of the bin's lengths);
+- ``x[k, r, j]`` seconds of the rank's share of the bin's embedding exchange, ``latency + bytes / bandwidth``
+  with ``bytes = tokens * emb_bytes_per_token``; the all-to-all completes with its slowest share,
+  ``E[k, j] = max_r x[k, r, j]``.
+
+Schedules (a collective after every microbatch, so microbatch j ends at the max over ranks):
+
+- blocking: ``window_j = E_j + max_r t[r, j]``; every rank waits ``E_j`` (exposed communication).
+- overlap: microbatch i+1's exchange runs beside microbatch i's compute (steps chained; the last exchange
+  wraps to the first, the steady state). Sharing the GPU slows compute by ``f`` while the exchange runs:
+  ``c = t + f / (1 + f) * min(E_next, t (1 + f))``; ``window = max(max_r c, E_next)``; exposed
+  ``window - max_r c``. ``f`` is the SM contention of NCCL kernels or the copy-engine contention.
+
+Breakdown, averaged over ranks, as fractions of the simulated time: ``straggler`` (idle waiting for the
+slowest rank: ``max_r c - c[r]``), ``exposed`` (waiting for the exchange), ``contention`` (``c - t``), and
+``total`` = their sum = 1 - useful compute / time. See ``docs/simulator.md``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from balancer.cost import CostModel, _nonnegative_lstsq
+from balancer.plan import plan
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Seconds of a bin: ``seconds_per_cost * sum cost(L) + per_microbatch_s``; exchange ``latency_s + bytes / bandwidth``.
+
+    ``jitter_s`` adds seeded Gaussian noise (std, seconds) to every bin's compute: the run-to-run noise of
+    a real machine, which alone makes ranks wait for one another.
+    """
+
+    cost_model: CostModel
+    seconds_per_cost: float = 1.0
+    per_microbatch_s: float = 0.0
+    emb_bytes_per_token: float = 0.0
+    bandwidth: float = float("inf")  # bytes/s
+    latency_s: float = 0.0
+    jitter_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("seconds_per_cost", "per_microbatch_s", "emb_bytes_per_token", "latency_s", "jitter_s"):
+            value = getattr(self, name)
+            if not np.isfinite(value) or value < 0:
+                raise ValueError(f"Timing.{name} must be a finite number >= 0, got {value!r}")
+        if not self.bandwidth > 0:
+            raise ValueError(f"Timing.bandwidth must be > 0 bytes/s, got {self.bandwidth!r}")
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    planner: str
+    overlap: bool
+    transport: str  # "blocking", "sm" or "ce"
+
+
+SCENARIOS = (
+    Scenario("naive+blocking", "naive", False, "blocking"),
+    Scenario("+balance", "balanced", False, "blocking"),
+    Scenario("+overlap", "balanced", True, "sm"),
+    Scenario("+sm-free", "balanced", True, "ce"),
+)
+
+
+@dataclass
+class Breakdown:
+    """Simulated seconds and bubble fractions of K steps (fractions of the total simulated time)."""
+
+    step_s: np.ndarray  # (K,) wall seconds of each step
+    compute_s: float  # useful compute, mean over ranks, all steps
+    straggler_s: float
+    exposed_s: float
+    contention_s: float
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def time_s(self) -> float:
+        return float(self.step_s.sum())
+
+    def fraction(self, seconds: float) -> float:
+        return seconds / self.time_s if self.time_s > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return {
+            "step_s": float(self.step_s.mean()),
+            "straggler": self.fraction(self.straggler_s),
+            "exposed": self.fraction(self.exposed_s),
+            "contention": self.fraction(self.contention_s),
+            "total": self.fraction(self.straggler_s + self.exposed_s + self.contention_s),
+            **self.extra,
+        }
+
+
+def bin_features(lengths: np.ndarray, rank: np.ndarray, microbatch: np.ndarray, ranks: int,
+                 microbatches: int) -> np.ndarray:
+    """Per bin ``[sum L^2, sum L, n]``: (R, M, 3) float64 from one step's lengths and their bins."""
+    bins = rank.astype(np.int64) * microbatches + microbatch  # (N,)
+    lengths = lengths.astype(np.float64)
+    size = ranks * microbatches
+    out = np.stack([np.bincount(bins, weights=lengths * lengths, minlength=size),
+                    np.bincount(bins, weights=lengths, minlength=size),
+                    np.bincount(bins, minlength=size).astype(np.float64)], axis=-1)  # (R*M, 3)
+    return out.reshape(ranks, microbatches, 3)
+
+
+def compute_seconds(features: np.ndarray, timing: Timing) -> np.ndarray:
+    """Compute seconds of each bin from its features (..., 3) -> (...)."""
+    m = timing.cost_model
+    coef = np.array([m.quadratic, m.linear, m.constant]) * timing.seconds_per_cost
+    seconds = features @ coef + timing.per_microbatch_s
+    return np.where(features[..., 2] > 0, seconds, timing.per_microbatch_s)
+
+
+def exchange_seconds(features: np.ndarray, timing: Timing) -> np.ndarray:
+    """Seconds of each rank's share of each bin's exchange (..., 3) -> (...)."""
+    return timing.latency_s + features[..., 1] * timing.emb_bytes_per_token / timing.bandwidth
+
+
+def simulate(compute: np.ndarray, exchange: np.ndarray, *, overlap: bool, contention: float = 0.0) -> Breakdown:
+    """Lockstep schedule of (K, R, M) compute and exchange-share seconds; see the module docstring."""
+    if compute.shape != exchange.shape or compute.ndim != 3:
+        raise ValueError(f"compute and exchange must both be (steps, ranks, microbatches), got "
+                         f"{compute.shape} and {exchange.shape}")
+    if not 0.0 <= contention < 10.0:
+        raise ValueError(f"contention must be a slowdown factor in [0, 10), got {contention}")
+    K, R, M = compute.shape
+    E = exchange.max(axis=1)  # (K, M): the all-to-all completes with its slowest share
+    if overlap:
+        # the exchange of the next microbatch (steps chained, the last wraps to the first) runs beside compute
+        E_next = np.roll(E.reshape(-1), -1).reshape(K, 1, M)  # (K, 1, M)
+        f = contention
+        c = compute + f / (1.0 + f) * np.minimum(E_next, compute * (1.0 + f))  # (K, R, M)
+        c_max = c.max(axis=1)  # (K, M)
+        window = np.maximum(c_max, E_next[:, 0, :])  # (K, M)
+    else:
+        c = compute
+        c_max = c.max(axis=1)
+        window = E + c_max
+    exposed = window - c_max  # (K, M)
+    return Breakdown(
+        step_s=window.sum(axis=1),
+        compute_s=float(compute.sum() / R),
+        straggler_s=float((c_max[:, None, :] - c).sum() / R),
+        exposed_s=float(exposed.sum()),
+        contention_s=float((c - compute).sum() / R),
+    )
+
+
+def plan_features(lengths_per_step: list[np.ndarray], *, ranks: int, microbatches: int, planner: str,
+                  cost_model: CostModel) -> np.ndarray:
+    """Plan every step with ``planner`` (the loader's cost model) and return bin features (K, R, M, 3)."""
+    out = np.empty((len(lengths_per_step), ranks, microbatches, 3))
+    for k, lengths in enumerate(lengths_per_step):
+        p = plan(lengths, ranks=ranks, microbatches=microbatches, cost_model=cost_model, method=planner)
+        out[k] = bin_features(lengths, p.rank, p.microbatch, ranks, microbatches)
+    return out
+
+
+def run_scenarios(lengths_per_step: list[np.ndarray], *, ranks: int, microbatches: int, timing: Timing,
+                  plan_cost_model: CostModel, sm_contention: float, ce_contention: float,
+                  scenarios=SCENARIOS, seed: int = 0) -> dict[str, Breakdown]:
+    """Breakdown of each scenario over the same global batches (planned once per planner)."""
+    features = {}
+    results = {}
+    contention = {"blocking": 0.0, "sm": sm_contention, "ce": ce_contention}
+    for sc in scenarios:
+        if sc.planner not in features:
+            features[sc.planner] = plan_features(lengths_per_step, ranks=ranks, microbatches=microbatches,
+                                                 planner=sc.planner, cost_model=plan_cost_model)
+        feats = features[sc.planner]
+        t = with_jitter(compute_seconds(feats, timing), timing.jitter_s, seed)
+        results[sc.name] = simulate(t, exchange_seconds(feats, timing), overlap=sc.overlap,
+                                    contention=contention[sc.transport])
+    return results
+
+
+def with_jitter(seconds: np.ndarray, jitter_s: float, seed: int) -> np.ndarray:
+    """``seconds`` plus seeded Gaussian noise of std ``jitter_s``, kept >= 0 (the same noise for every scenario)."""
+    if jitter_s == 0:
+        return seconds
+    noise = np.random.default_rng(seed).normal(0.0, jitter_s, size=seconds.shape)
+    return np.maximum(seconds + noise, 0.0)
+
+
+# --- calibration from the trainer's per rank/step JSONL (docs/trainer.md, "Measured bubbles") ---------------
+
+REQUIRED_FIELDS = ("step", "rank", "step_s", "compute_s", "comm_s", "wait_s", "samples", "tokens")
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What a measured run tells the simulator: a ``Timing`` and the measured bubble fraction."""
+
+    timing: Timing
+    measured_bubble: float  # sum wait_s / sum step_s
+    compute_r2: float
+    rows: int  # rank-steps fitted
+
+    def to_dict(self) -> dict:
+        t = self.timing
+        return {"cost_model_seconds": t.cost_model.to_dict(), "per_microbatch_s": t.per_microbatch_s,
+                "bandwidth_Bps": t.bandwidth, "latency_s": t.latency_s, "jitter_s": t.jitter_s,
+                "measured_bubble": self.measured_bubble, "compute_r2": self.compute_r2, "rows": self.rows}
+
+
+def measured_bubble(records: list[dict]) -> float:
+    """The trainer's measured bubble fraction: sum wait_s / sum step_s over ranks and steps."""
+    total = sum(r["step_s"] for r in records)
+    return sum(r["wait_s"] for r in records) / total if total > 0 else 0.0
+
+
+def calibrate(records: list[dict], *, microbatches: int, emb_bytes_per_token: float = 0.0,
+              step_features: dict[tuple[int, int], np.ndarray] | None = None, skip_steps: int = 1) -> Calibration:
+    """Fit a ``Timing`` to the trainer's rank-step records.
+
+    Compute: ``compute_s = a sum L^2 + b sum L + c n + d`` (non-negative least squares over rank-steps);
+    ``a sum L^2`` only when ``step_features[(step, rank)] = [sum L^2, sum L, n]`` recovers the step's lengths
+    (the JSONL has only ``tokens`` and ``samples``). ``d / M`` is a fixed cost per microbatch, and the
+    residual's std / sqrt(M) the per-microbatch noise (``jitter_s``). Exchange: ``comm_s + hidden_comm_s``
+    (exposed plus hidden) ``= tokens * B / bandwidth + latency * M``. The first ``skip_steps`` steps (warm-up)
+    are left out.
+    """
+    if microbatches < 1:
+        raise ValueError(f"microbatches must be >= 1, got {microbatches}")
+    for i, rec in enumerate(records):
+        missing = [k for k in REQUIRED_FIELDS if k not in rec]
+        if missing:
+            raise ValueError(f"record {i} lacks {missing}; expected the trainer's --metrics-out JSONL")
+    rows = [r for r in records if r["step"] >= skip_steps]
+    if len(rows) < 4:
+        raise ValueError(f"calibration needs at least 4 rank-steps after {skip_steps} warm-up steps, got {len(rows)}")
+    if step_features is not None:
+        X = np.array([step_features[(r["step"], r["rank"])] for r in rows], dtype=np.float64)  # (n, 3)
+        if not np.allclose(X[:, 1], [r["tokens"] for r in rows]):
+            raise ValueError("step_features disagree with the records' tokens: not the same run's batches")
+    else:
+        X = np.array([[0.0, r["tokens"], r["samples"]] for r in rows], dtype=np.float64)
+    A = np.column_stack([X, np.ones(len(rows))])  # (n, 4): sum L^2, sum L, n, 1
+    y = np.array([r["compute_s"] for r in rows])
+    coef = _nonnegative_lstsq(A, y)
+    if not np.any(coef[:3] > 0):
+        raise ValueError("compute_s does not grow with the step's tokens or samples; nothing to calibrate from")
+    residual = y - A @ coef
+    spread = float(np.sum((y - y.mean()) ** 2))
+    r2 = 1.0 - float(np.sum(residual**2)) / spread if spread > 0 else 1.0
+    dof = max(len(rows) - int(np.count_nonzero(coef)), 1)
+    jitter = float(np.sqrt(np.sum(residual**2) / dof) / np.sqrt(microbatches))
+
+    comm = np.array([r["comm_s"] + r.get("hidden_comm_s", 0.0) for r in rows])
+    B = np.column_stack([X[:, 1] * emb_bytes_per_token, np.ones(len(rows))])  # (n, 2): bytes, 1
+    per_byte, per_step = _nonnegative_lstsq(B, comm) if emb_bytes_per_token > 0 else (0.0, float(comm.mean()))
+    timing = Timing(CostModel(*coef[:3]), seconds_per_cost=1.0, per_microbatch_s=float(coef[3]) / microbatches,
+                    emb_bytes_per_token=emb_bytes_per_token,
+                    bandwidth=1.0 / per_byte if per_byte > 0 else float("inf"),
+                    latency_s=float(per_step) / microbatches, jitter_s=jitter)
+    return Calibration(timing, measured_bubble(rows), r2, len(rows))
+
+
+def load_records(path) -> list[dict]:
+    """The trainer's per rank/step JSONL; errors name the file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: trainer metrics JSONL not found; write one with freescale train --metrics-out")
+    records = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{number}: not JSON ({exc})") from exc
+    return records

@@ -1,0 +1,149 @@
+"""``freescale simulate``: project bubble fractions at cluster scale with an event simulation of lockstep steps.
+
+For each rank count, plans the same K global batches with each scenario's planner and simulates
+naive + blocking exchange (a TorchRec-like baseline), + balance, + overlap (prefetch through SMs) and
++ SM-free (prefetch on copy engines). ``--calibrate trainer.jsonl`` fits compute and exchange times to a
+measured run first. See ``docs/simulator.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+DEFAULT_SECONDS_PER_COST = 1.0 / 200e12  # an H100 at ~200 TFLOP/s achieved
+DEFAULT_EMB_BYTES = 1024.0  # d=256 bf16 rows forward + their gradients back, per token
+DEFAULT_BANDWIDTH_GBPS = 25.0  # per-rank all-to-all bandwidth across nodes (a 200 Gb/s NIC)
+
+
+def register(sub) -> None:
+    p = sub.add_parser("simulate", help="simulate the bubble breakdown of training steps at 8..1024+ ranks",
+                       description=__doc__)
+    p.add_argument("--ranks", default="8,64,256,1024", help="comma-separated rank counts (default: %(default)s)")
+    p.add_argument("--microbatches", type=int, default=8, help="microbatches per rank and step (default: 8)")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--samples-per-step", type=int, help="global batch size (the same at every rank count)")
+    size.add_argument("--samples-per-rank", type=int, default=32,
+                      help="global batch = this x ranks (weak scaling; default: 32)")
+    p.add_argument("--lengths", default="lognormal", help="length distribution (balancer.workloads; default lognormal)")
+    p.add_argument("--max-len", type=int, default=4096, help="longest history (default: 4096)")
+    p.add_argument("--cost-model", help="JSON cost model used to plan and, without --calibrate, to time bins "
+                                        "(default: a 4-layer d=256 HSTU FLOP count)")
+    p.add_argument("--seconds-per-cost", type=float, help="seconds per cost unit (default: 1/200e12 for the "
+                                                          "FLOP model, 1 with --cost-model)")
+    p.add_argument("--emb-bytes-per-token", type=float, default=DEFAULT_EMB_BYTES,
+                   help="exchange bytes per token, rows forward + gradients back (default: %(default)s)")
+    p.add_argument("--bandwidth", type=float, help=f"all-to-all GB/s per rank (default: {DEFAULT_BANDWIDTH_GBPS})")
+    p.add_argument("--latency-us", type=float, help="fixed microseconds per all-to-all (default: 30)")
+    p.add_argument("--sm-contention", type=float, default=0.10,
+                   help="compute slowdown while NCCL overlaps it (default: 0.10)")
+    p.add_argument("--ce-contention", type=float, default=0.02,
+                   help="compute slowdown while copy engines overlap it (default: 0.02)")
+    p.add_argument("--steps", type=int, default=4, help="global batches per rank count (default: 4)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--calibrate", help="trainer --metrics-out JSONL: fit compute and exchange times to it")
+    p.add_argument("--json-out", help="write every number as JSON here")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from balancer.simulate import run_scenarios
+
+    ranks = _rank_counts(args.ranks)
+    for name in ("microbatches", "steps", "max_len"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    plan_model, timing, calibration = build_timing(args)
+    out = {"config": {k: v for k, v in vars(args).items() if k != "func"}, "timing": _timing_dict(timing),
+           "calibration": calibration, "ranks": {}}
+    if calibration:
+        print(f"calibrated from {args.calibrate}: measured bubble {calibration['measured_bubble']:.3f}, "
+              f"compute R^2 {calibration['compute_r2']:.2f}, {calibration['rows']} rank-steps")
+    for R in ranks:
+        per_step = args.samples_per_step or args.samples_per_rank * R
+        lengths = step_lengths(args.lengths, per_step, args.steps, max_len=args.max_len, seed=args.seed)
+        results = run_scenarios(lengths, ranks=R, microbatches=args.microbatches, timing=timing,
+                                plan_cost_model=plan_model, sm_contention=args.sm_contention,
+                                ce_contention=args.ce_contention, seed=args.seed)
+        rows = {name: b.to_dict() for name, b in results.items()}
+        out["ranks"][str(R)] = rows
+        print(format_table(R, per_step, args.microbatches, rows))
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(out, indent=2) + "\n")
+    return 0
+
+
+def step_lengths(distribution: str, per_step: int, steps: int, *, max_len: int, seed: int) -> list[np.ndarray]:
+    """``steps`` global batches of ``per_step`` lengths, one seeded draw cut into steps."""
+    from balancer.workloads import sample_lengths
+
+    if per_step < 1:
+        raise ValueError(f"samples per step must be >= 1, got {per_step}")
+    drawn = sample_lengths(distribution, per_step * steps, max_len=max_len, seed=seed)
+    return list(drawn.reshape(steps, per_step))
+
+
+def build_timing(args: argparse.Namespace):
+    """(planning cost model, Timing, calibration dict or None) from the flags."""
+    from balancer import CostModel
+    from balancer.cost import DEFAULT_COST_MODEL
+    from balancer.simulate import Timing, calibrate, load_records
+    from freescale.report import load_cost_model
+
+    for name in ("sm_contention", "ce_contention"):
+        if not 0.0 <= getattr(args, name) < 10.0:
+            raise ValueError(f"--{name.replace('_', '-')} must be a slowdown factor in [0, 10), got {getattr(args, name)}")
+    bandwidth = None if args.bandwidth is None else _positive("--bandwidth", args.bandwidth) * 1e9
+    latency = None if args.latency_us is None else args.latency_us * 1e-6
+    if args.calibrate:
+        cal = calibrate(load_records(args.calibrate), microbatches=args.microbatches,
+                        emb_bytes_per_token=args.emb_bytes_per_token)
+        t = cal.timing
+        timing = Timing(t.cost_model, 1.0, t.per_microbatch_s, args.emb_bytes_per_token,
+                        bandwidth or t.bandwidth, t.latency_s if latency is None else latency, t.jitter_s)
+        plan_model = load_cost_model(args.cost_model) if args.cost_model else DEFAULT_COST_MODEL
+        return plan_model, timing, cal.to_dict()
+    if args.cost_model:
+        model = load_cost_model(args.cost_model)
+        seconds = 1.0 if args.seconds_per_cost is None else args.seconds_per_cost
+    else:
+        model = CostModel.for_transformer(4, 256, attention="hstu", ffn_mult=0.0)
+        seconds = DEFAULT_SECONDS_PER_COST if args.seconds_per_cost is None else args.seconds_per_cost
+    timing = Timing(model, _positive("--seconds-per-cost", seconds), 0.0, args.emb_bytes_per_token,
+                    bandwidth or DEFAULT_BANDWIDTH_GBPS * 1e9, 30e-6 if latency is None else latency)
+    return model, timing, None
+
+
+def format_table(ranks: int, per_step: int, microbatches: int, rows: dict[str, dict]) -> str:
+    lines = [f"ranks={ranks} samples/step={per_step} microbatches={microbatches}",
+             f"  {'scenario':<16}{'straggler':>10}{'exposed':>10}{'contention':>11}{'total':>8}{'step ms':>10}"]
+    for name, r in rows.items():
+        lines.append(f"  {name:<16}{r['straggler']:>10.1%}{r['exposed']:>10.1%}{r['contention']:>11.1%}"
+                     f"{r['total']:>8.1%}{r['step_s'] * 1e3:>10.3f}")
+    return "\n".join(lines)
+
+
+def _timing_dict(timing) -> dict:
+    return {"cost_model": timing.cost_model.to_dict(), "seconds_per_cost": timing.seconds_per_cost,
+            "per_microbatch_s": timing.per_microbatch_s, "emb_bytes_per_token": timing.emb_bytes_per_token,
+            "bandwidth_Bps": timing.bandwidth, "latency_s": timing.latency_s, "jitter_s": timing.jitter_s}
+
+
+def _rank_counts(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"--ranks must be comma-separated positive integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise ValueError(f"--ranks must be comma-separated positive integers, got {text!r}")
+    return values
+
+
+def _positive(flag: str, value: float) -> float:
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{flag} must be a positive number, got {value!r}")
+    return value
