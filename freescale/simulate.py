@@ -104,7 +104,7 @@ def build_timing(args: argparse.Namespace):
                         emb_bytes_per_token=args.emb_bytes_per_token)
         t = cal.timing
         timing = Timing(t.cost_model, 1.0, t.per_microbatch_s, args.emb_bytes_per_token,
-                        bandwidth or t.bandwidth, t.latency_s if latency is None else latency, t.jitter_s)
+                        bandwidth or t.bandwidth, t.latency_s if latency is None else latency)  # measured noise is reported, not projected
         plan_model = load_cost_model(args.cost_model) if args.cost_model else DEFAULT_COST_MODEL
         return plan_model, timing, cal.to_dict()
     if args.cost_model:
