@@ -11,6 +11,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from balancer.cost import CostModel
+from balancer.metrics import lockstep_idle
 from balancer.plan import plan
 
 SUMMARY_KEYS = ("max_over_lower_bound", "max_over_mean", "bubble_fraction", "step_bubble_fraction")
@@ -41,10 +42,12 @@ def evaluate_epoch(
     shuffle: bool = True,
     progress: Callable[[Iterable], Iterable] = iter,
 ) -> dict[str, dict]:
-    """Per method: per-step metric arrays (``steps``) and their ``mean``/``max``, planner ms per step."""
+    """Per method: per-step metric arrays (``steps``) and their ``mean``/``max``, planner ms per step and
+    the lockstep idle cost (``metrics.lockstep_idle``) per step."""
     steps = epoch_steps(len(lengths), samples_per_step, seed=seed, shuffle=shuffle)
-    per_step: dict[str, dict[str, list]] = {m: {k: [] for k in (*SUMMARY_KEYS, "token_cap_violations", "ms")}
-                                            for m in methods}
+    per_step: dict[str, dict[str, list]] = {
+        m: {k: [] for k in (*SUMMARY_KEYS, "token_cap_violations", "ms", "idle_cost")} for m in methods
+    }
     if steps:  # warm-up outside the timings: the first call loads the compiled kernels
         for method in methods:
             plan(lengths[steps[0][:1]], ranks=ranks, microbatches=microbatches, method=method)
@@ -55,6 +58,7 @@ def evaluate_epoch(
             for key in (*SUMMARY_KEYS, "token_cap_violations"):
                 per_step[method][key].append(p.metrics[key])
             per_step[method]["ms"].append(p.seconds * 1e3)
+            per_step[method]["idle_cost"].append(lockstep_idle(p.loads))
     out = {}
     for method, values in per_step.items():
         arrays = {k: np.asarray(v, dtype=np.float64) for k, v in values.items()}

@@ -23,6 +23,11 @@ def lockstep_bubble(loads: np.ndarray) -> float:
     return 1.0 - float(loads.mean(axis=0).sum() / column_max.sum()) if column_max.sum() > 0 else 0.0
 
 
+def lockstep_idle(loads: np.ndarray) -> float:
+    """Cost the ranks of (R, M) ``loads`` spend idle in lockstep: ``R sum_j max_r C[r, j] - sum C``."""
+    return loads.shape[0] * float(loads.max(axis=0).sum()) - float(loads.sum()) if loads.size else 0.0
+
+
 def balance_metrics(loads: np.ndarray, tokens: np.ndarray, counts: np.ndarray, *, max_single_cost: float,
                     max_tokens: int | None = None) -> dict:
     """Metrics from per-bin loads/tokens/counts, each (R, M)."""

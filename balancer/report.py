@@ -4,8 +4,9 @@ Plans every global batch of an epoch (``evaluate.epoch_steps``: the loader's ord
 method and keeps, per step and method, what the report plots: the lockstep bubble fraction, max/mean,
 and the GPU-seconds lost to the lockstep bubble. ``freescale report`` renders the dict as HTML.
 
-Lost GPU-seconds of one step, with ``C[r, j]`` the cost of rank r's microbatch j and ``s`` seconds per
-cost unit (every rank a GPU, a collective after every microbatch, a bin's time ``s * C[r, j]``):
+Lost GPU-seconds of one step (``s`` times ``metrics.lockstep_idle``), with ``C[r, j]`` the cost of rank r's
+microbatch j and ``s`` seconds per cost unit (every rank a GPU, a collective after every microbatch, a bin's
+time ``s * C[r, j]``):
 
     lost = s * (R * sum_j max_r C[r, j] - sum_{r, j} C[r, j])
 
@@ -20,7 +21,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from balancer.cost import CostModel
-from balancer.evaluate import epoch_steps
+from balancer.evaluate import epoch_steps, evaluate_epoch
 from balancer.plan import plan
 
 HEATMAP_METHODS = ("balanced", "naive")  # the worst step (largest ``balanced`` bubble) under each
@@ -37,12 +38,6 @@ def length_histogram(lengths: np.ndarray) -> dict:
     edges = np.left_shift(1, np.arange(top + 1, dtype=np.int64))  # (top + 1,)
     bins = np.searchsorted(edges, lengths, side="right") - 1  # (N,) in [0, top)
     return {"edges": edges.tolist(), "counts": np.bincount(bins, minlength=top).tolist()}
-
-
-def lost_seconds(loads: np.ndarray, seconds_per_cost: float) -> float:
-    """GPU-seconds idle in one lockstep step of (R, M) ``loads``: ``s (R sum_j max_r C - sum C)``."""
-    ranks = loads.shape[0]
-    return seconds_per_cost * (ranks * float(loads.max(axis=0).sum()) - float(loads.sum()))
 
 
 def build_report(
@@ -74,15 +69,11 @@ def build_report(
     steps = epoch_steps(len(lengths), samples_per_step, seed=seed, shuffle=shuffle)
     options = dict(ranks=ranks, microbatches=microbatches, cost_model=cost_model, max_tokens=max_tokens,
                    equal_count=equal_count, seed=seed)
-    bubble = {m: np.zeros(len(steps)) for m in methods}  # lockstep bubble fraction per step
-    max_over_mean = {m: np.zeros(len(steps)) for m in methods}
-    lost_cost = {m: np.zeros(len(steps)) for m in methods}  # lost GPU time per step, cost units
-    for i, batch in enumerate(progress(steps)):
-        for method in methods:
-            p = plan(lengths[batch], method=method, **options)
-            bubble[method][i] = p.metrics["bubble_fraction"]
-            max_over_mean[method][i] = p.metrics["max_over_mean"]
-            lost_cost[method][i] = lost_seconds(p.loads, 1.0)
+    per_step = {m: r["steps"] for m, r in evaluate_epoch(lengths, samples_per_step=samples_per_step, methods=methods,
+                                                          shuffle=shuffle, progress=progress, **options).items()}
+    bubble = {m: v["bubble_fraction"] for m, v in per_step.items()}  # lockstep bubble fraction per step
+    max_over_mean = {m: v["max_over_mean"] for m, v in per_step.items()}
+    lost_cost = {m: v["idle_cost"] for m, v in per_step.items()}  # lost GPU time per step, cost units
 
     worst = int(np.argmax(bubble["balanced"])) if steps else None
     return {
