@@ -79,7 +79,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from balancer.workloads import sample_lengths
-from freescale.provenance import git_provenance
+from freescale.provenance import emit
 
 REPO = Path(__file__).resolve().parents[1]
 TARGET_CE_SLOWDOWN, TARGET_COMPRESS_GBPS, TARGET_RATIO = 0.02, 200.0, 2.0
@@ -591,14 +591,6 @@ def smoke_checks() -> dict:
             "collective_seconds": collective_seconds([[1.0, 2.0], [3.0, 0.5]])}
 
 
-def assemble(args, name: str, parts: dict, started: float) -> dict:
-    return {"bench": "overlap_gpu", "device": name, "smoke": args.smoke, "quick": args.quick,
-            "torch": torch.__version__,
-            "provenance": git_provenance(REPO, ["bench", "cuda_ext", "trainer"]),
-            "config": {k: v for k, v in vars(args).items() if k != "json_out"}, **parts,
-            "seconds": time.perf_counter() - started}
-
-
 def main(argv=None) -> dict:
     args = parse_args(argv)
     started = time.perf_counter()
@@ -617,12 +609,9 @@ def main(argv=None) -> dict:
             parts["all_to_all"] = a2a_part(args)
         if 3 in args.parts:
             parts["compression"] = compress_part(args)
-    result = assemble(args, name, parts, started)
-    line = json.dumps(result, default=str)
-    if args.json_out:
-        args.json_out.write_text(line)
-    print(line)
-    return result
+    return emit({"bench": "overlap_gpu", "device": name, "smoke": args.smoke, "quick": args.quick,
+                 "torch": torch.__version__}, args, repo=REPO, paths=["bench", "cuda_ext", "trainer"],
+                extra={**parts, "seconds": time.perf_counter() - started})
 
 
 if __name__ == "__main__":

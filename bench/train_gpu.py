@@ -27,7 +27,6 @@ Prints a table per part, then one JSON line (with the commit and device).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
@@ -39,7 +38,7 @@ import torch.nn.functional as F
 import balancer
 from balancer.metrics import lockstep_bubble
 from balancer.workloads import sample_lengths
-from freescale.provenance import git_provenance
+from freescale.provenance import emit
 from trainer.attention import jagged_attention
 from trainer.loss import sampled_softmax_loss
 from trainer.model import HSTU
@@ -214,15 +213,10 @@ def main(argv=None) -> dict:
     cost, fit = fit_part(work, args, rng)
     bubbles = bubble_part(work, cost, args)
     attention = attention_part(args, device)
-    result = {"bench": "train_gpu", "device": name, "quick": args.quick,
-              "provenance": git_provenance(REPO, ["bench", "trainer", "balancer"]),
-              "config": {k: v for k, v in vars(args).items() if k != "json_out"}, "fit": fit, "bubbles": bubbles,
-              "attention": attention, "seconds": time.perf_counter() - started}
-    line = json.dumps(result, default=str)
-    if args.json_out:
-        args.json_out.write_text(line)
-    print(line)
-    return result
+    return emit({"bench": "train_gpu", "device": name, "quick": args.quick}, args, repo=REPO,
+                paths=["bench", "trainer", "balancer"],
+                extra={"fit": fit, "bubbles": bubbles, "attention": attention,
+                       "seconds": time.perf_counter() - started})
 
 
 if __name__ == "__main__":

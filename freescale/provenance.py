@@ -25,3 +25,17 @@ def git_provenance(repo: Path, paths: list[str]) -> dict:
         "diff_sha1": hashlib.sha1(diff.encode()).hexdigest()[:12] if diff else None,
         "untracked": untracked,
     }
+
+
+def emit(result: dict, args, *, repo: Path, paths: list[str], extra: dict) -> dict:
+    """A GPU bench's closing JSON line: ``result`` with the provenance of ``paths`` and the command line's
+    options (``args``, a Namespace; its ``json_out`` also gets the line when set); printed, and returned."""
+    import json
+
+    result = {**result, "provenance": git_provenance(repo, paths),
+              "config": {k: v for k, v in vars(args).items() if k != "json_out"}, **extra}
+    line = json.dumps(result, default=str)
+    if args.json_out:
+        args.json_out.write_text(line)
+    print(line)
+    return result
