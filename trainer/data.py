@@ -20,7 +20,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from loader.schema import Columns
+from loader import layout
+from loader.schema import Columns, contract_schema, list_array
 from loader.sources import index_source
 
 
@@ -75,21 +76,24 @@ def read_histories(source: str | Path) -> Histories:
 
 
 def write_training_split(histories: Histories, out_dir: str | Path) -> int:
-    """Write every history without its last event (those of >= 2 events) as Parquet; returns the rows."""
+    """Write every history without its last event (those of >= 2 events) in the data contract (the
+    layout ``freescale convert`` writes); returns the rows."""
     keep = np.flatnonzero(histories.lengths >= 2)  # (k,)
     starts, stops = histories.offsets[keep], histories.offsets[keep + 1] - 1  # (k,) each: drop the last event
-    offsets = np.concatenate([[0], np.cumsum(stops - starts)]).astype(np.int32)
-    take = np.concatenate([np.arange(a, b) for a, b in zip(starts.tolist(), stops.tolist())]) if len(keep) else \
-        np.zeros(0, dtype=np.int64)
-    columns = Columns()
-    table = pa.table({
-        columns.user: pa.array(histories.users[keep], pa.int64()),
-        columns.items: pa.ListArray.from_arrays(pa.array(offsets), pa.array(histories.items[take], pa.int64())),
-        columns.timestamps: pa.ListArray.from_arrays(pa.array(offsets), pa.array(histories.times[take], pa.int64())),
-    })
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table, out / "part-00000.parquet", row_group_size=max(1, -(-len(keep) // 4)))
+    offsets = np.concatenate([[0], np.cumsum(stops - starts)]).astype(np.int64)  # (k + 1,)
+    take = np.repeat(starts - offsets[:-1], stops - starts) + np.arange(offsets[-1])  # (events kept,)
+    items, times, users = histories.items[take], histories.times[take], histories.users[keep]
+    schema = contract_schema()
+    out = layout.prepare_out_dir(out_dir, overwrite=True)
+
+    def make_table(start: int, stop: int) -> pa.Table:
+        first, last = int(offsets[start]), int(offsets[stop])
+        rows = offsets[start : stop + 1] - first
+        return pa.Table.from_arrays([pa.array(users[start:stop]), list_array(rows, items[first:last]),
+                                     list_array(rows, times[first:last])], schema=schema)
+
+    layout.write_parts(out, schema, layout.plan_parts(len(keep), files=layout.DEFAULT_FILES), make_table,
+                       desc="training split")
     return len(keep)
 
 
