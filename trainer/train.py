@@ -284,7 +284,8 @@ def _evaluate(model: HSTU, full_table: torch.Tensor, shared: dict, cfg: TrainCon
             "popular_hr@10": popular.hr, "popular_ndcg@10": popular.ndcg}
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -315,7 +316,7 @@ def train(cfg: TrainConfig) -> dict:
     with tempfile.TemporaryDirectory(prefix="freescale-train-", dir=cfg.work_dir) as tmp:
         shared = prepare(cfg, Path(tmp))
         shared["run_id"] = os.getpid()
-        address = f"tcp://127.0.0.1:{_free_port()}"
+        address = f"tcp://127.0.0.1:{free_port()}"
         ctx = mp.get_context("spawn")
         queue = ctx.Queue()
         procs = [ctx.Process(target=_spawned, args=(r, cfg.nproc, cfg, shared, address, queue))

@@ -2,18 +2,12 @@
 from __future__ import annotations
 
 import os
-import socket
 from typing import Any, Callable
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from trainer.train import free_port
 
 
 def _worker(rank: int, world: int, port: int, fn: Callable[..., Any], args: tuple) -> None:
