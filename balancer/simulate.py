@@ -220,32 +220,26 @@ def measured_bubble(records: list[dict]) -> float:
     return sum(r["wait_s"] for r in records) / total if total > 0 else 0.0
 
 
-def calibrate(records: list[dict], *, microbatches: int, emb_bytes_per_token: float = 0.0,
-              step_features: dict[tuple[int, int], np.ndarray] | None = None, skip_steps: int = 1) -> Calibration:
+def calibrate(records: list[dict], *, microbatches: int | None = None, emb_bytes_per_token: float = 0.0,
+              skip_steps: int = 1) -> Calibration:
     """Fit a ``Timing`` to the trainer's rank-step records.
 
-    Compute: ``compute_s = a sum L^2 + b sum L + c n + d`` (non-negative least squares over rank-steps);
-    ``a sum L^2`` only when ``step_features[(step, rank)] = [sum L^2, sum L, n]`` recovers the step's lengths
-    (the JSONL has only ``tokens`` and ``samples``). ``d / M`` is a fixed cost per microbatch, and the
-    residual's std / sqrt(M) the per-microbatch noise (``jitter_s``). Exchange: ``comm_s + hidden_comm_s``
-    (exposed plus hidden) ``= tokens * B / bandwidth + latency * M``. The first ``skip_steps`` steps (warm-up)
-    are left out.
+    Compute: ``compute_s = a sum L^2 + b sum L + c n + d`` (non-negative least squares over rank-steps),
+    from each record's ``bins`` (per microbatch ``[sum L^2, sum L, n]``); records without them (older
+    files) give ``tokens`` and ``samples`` only, so ``a = 0``. ``d / M`` is a fixed cost per microbatch,
+    and the residual's std / sqrt(M) the per-microbatch noise (``jitter_s``). Exchange: ``comm_s +
+    hidden_comm_s`` (exposed plus hidden) ``= tokens * B / bandwidth + latency * M``. The first
+    ``skip_steps`` steps (warm-up) are left out. ``microbatches``, the run's M, defaults to the records'
+    number of bins.
     """
+    rows = _measured_rows(records, skip_steps)
+    if microbatches is None:
+        if not rows[0].get("bins"):
+            raise ValueError("the records have no 'bins': pass the run's microbatches per step (--microbatches)")
+        microbatches = len(rows[0]["bins"])
     if microbatches < 1:
         raise ValueError(f"microbatches must be >= 1, got {microbatches}")
-    for i, rec in enumerate(records):
-        missing = [k for k in REQUIRED_FIELDS if k not in rec]
-        if missing:
-            raise ValueError(f"record {i} lacks {missing}; expected the trainer's --metrics-out JSONL")
-    rows = [r for r in records if r["step"] >= skip_steps]
-    if len(rows) < 4:
-        raise ValueError(f"calibration needs at least 4 rank-steps after {skip_steps} warm-up steps, got {len(rows)}")
-    if step_features is not None:
-        X = np.array([step_features[(r["step"], r["rank"])] for r in rows], dtype=np.float64)  # (n, 3)
-        if not np.allclose(X[:, 1], [r["tokens"] for r in rows]):
-            raise ValueError("step_features disagree with the records' tokens: not the same run's batches")
-    else:
-        X = np.array([[0.0, r["tokens"], r["samples"]] for r in rows], dtype=np.float64)
+    X = np.array([_step_features(r) for r in rows], dtype=np.float64)  # (n, 3)
     A = np.column_stack([X, np.ones(len(rows))])  # (n, 4): sum L^2, sum L, n, 1
     y = np.array([r["compute_s"] for r in rows])
     coef = _nonnegative_lstsq(A, y)
@@ -265,6 +259,62 @@ def calibrate(records: list[dict], *, microbatches: int, emb_bytes_per_token: fl
                     bandwidth=1.0 / per_byte if per_byte > 0 else float("inf"),
                     latency_s=float(per_step) / microbatches, jitter_s=jitter)
     return Calibration(timing, measured_bubble(rows), r2, len(rows))
+
+
+def recorded_bins(records: list[dict], *, skip_steps: int = 1) -> np.ndarray:
+    """The run's bins as the trainer recorded them: (K, R, M, 3) ``[sum L^2, sum L, n]``, steps after the
+    first ``skip_steps``; an error names a record without ``bins`` or a missing (step, rank)."""
+    rows = _measured_rows(records, skip_steps)
+    for r in rows:
+        if not r.get("bins"):
+            raise ValueError(f"record of step {r['step']}, rank {r['rank']} has no 'bins': written by an older "
+                             "trainer; rerun freescale train --metrics-out to replay its bins")
+    steps = sorted({r["step"] for r in rows})
+    ranks = sorted({r["rank"] for r in rows})
+    M = len(rows[0]["bins"])
+    out = np.full((len(steps), len(ranks), M, 3), np.nan)
+    for r in rows:
+        if len(r["bins"]) != M:
+            raise ValueError(f"record of step {r['step']}, rank {r['rank']} has {len(r['bins'])} bins, "
+                             f"others {M}: not one run's records")
+        out[steps.index(r["step"]), ranks.index(r["rank"])] = r["bins"]
+    if np.isnan(out).any():
+        k, r = np.argwhere(np.isnan(out).any(axis=(2, 3)))[0]
+        raise ValueError(f"no record of step {steps[k]}, rank {ranks[r]}: the JSONL is incomplete")
+    return out
+
+
+def reproduce(records: list[dict], calibration: Calibration, *, skip_steps: int = 1) -> dict:
+    """Simulate the run's own recorded bins under its calibrated timing (no noise term): the simulated
+    straggler fraction beside the measured bubble fraction and their relative gap."""
+    bins = recorded_bins(records, skip_steps=skip_steps)
+    t = compute_seconds(bins, calibration.timing)
+    simulated = simulate(t, exchange_seconds(bins, calibration.timing), overlap=True).to_dict()["straggler"]
+    measured = calibration.measured_bubble
+    return {"measured_bubble": measured, "simulated_bubble": simulated,
+            "relative_gap": abs(simulated - measured) / measured if measured > 0 else float("inf")}
+
+
+def _measured_rows(records: list[dict], skip_steps: int) -> list[dict]:
+    for i, rec in enumerate(records):
+        missing = [k for k in REQUIRED_FIELDS if k not in rec]
+        if missing:
+            raise ValueError(f"record {i} lacks {missing}; expected the trainer's --metrics-out JSONL")
+    rows = [r for r in records if r["step"] >= skip_steps]
+    if len(rows) < 4:
+        raise ValueError(f"calibration needs at least 4 rank-steps after {skip_steps} warm-up steps, got {len(rows)}")
+    return rows
+
+
+def _step_features(record: dict) -> list[float]:
+    """``[sum L^2, sum L, n]`` of a rank-step: its bins summed, or ``[0, tokens, samples]`` without them."""
+    if not record.get("bins"):
+        return [0.0, record["tokens"], record["samples"]]
+    total = np.asarray(record["bins"], dtype=np.float64).sum(axis=0)
+    if total[1] != record["tokens"]:
+        raise ValueError(f"record of step {record['step']}, rank {record['rank']}: its bins hold "
+                         f"{total[1]:.0f} tokens, the record {record['tokens']}")
+    return list(total)
 
 
 def load_records(path) -> list[dict]:

@@ -63,6 +63,10 @@ def _run(args: argparse.Namespace) -> int:
     if calibration:
         print(f"calibrated from {args.calibrate}: measured bubble {calibration['measured_bubble']:.3f}, "
               f"compute R^2 {calibration['compute_r2']:.2f}, {calibration['rows']} rank-steps")
+        if "reproduction" in calibration:
+            rep = calibration["reproduction"]
+            print(f"  its recorded bins, simulated: bubble {rep['simulated_bubble']:.3f} "
+                  f"({rep['relative_gap']:.1%} from the measured {rep['measured_bubble']:.3f})")
     for R in ranks:
         per_step = args.samples_per_step or args.samples_per_rank * R
         lengths = step_lengths(args.lengths, per_step, args.steps, max_len=args.max_len, seed=args.seed)
@@ -91,7 +95,7 @@ def build_timing(args: argparse.Namespace):
     """(planning cost model, Timing, calibration dict or None) from the flags."""
     from balancer import CostModel
     from balancer.cost import DEFAULT_COST_MODEL
-    from balancer.simulate import Timing, calibrate, load_records
+    from balancer.simulate import Timing, calibrate, load_records, reproduce
     from freescale.report import load_cost_model
 
     for name in ("sm_contention", "ce_contention"):
@@ -100,13 +104,18 @@ def build_timing(args: argparse.Namespace):
     bandwidth = None if args.bandwidth is None else _positive("--bandwidth", args.bandwidth) * 1e9
     latency = None if args.latency_us is None else args.latency_us * 1e-6
     if args.calibrate:
-        cal = calibrate(load_records(args.calibrate), microbatches=args.microbatches,
+        records = load_records(args.calibrate)
+        recorded = all(r.get("bins") for r in records)  # then the run's own M and bins are known
+        cal = calibrate(records, microbatches=None if recorded else args.microbatches,
                         emb_bytes_per_token=args.emb_bytes_per_token)
         t = cal.timing
         timing = Timing(t.cost_model, 1.0, t.per_microbatch_s, args.emb_bytes_per_token,
                         bandwidth or t.bandwidth, t.latency_s if latency is None else latency)  # measured noise is reported, not projected
         plan_model = load_cost_model(args.cost_model) if args.cost_model else DEFAULT_COST_MODEL
-        return plan_model, timing, cal.to_dict()
+        summary = cal.to_dict()
+        if recorded:  # how well the calibration reproduces the run's own bins
+            summary["reproduction"] = reproduce(records, cal)
+        return plan_model, timing, summary
     if args.cost_model:
         model = load_cost_model(args.cost_model)
         seconds = 1.0 if args.seconds_per_cost is None else args.seconds_per_cost

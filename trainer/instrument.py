@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -41,6 +41,7 @@ class StepRecord:
     exclusive_rows: int = 0
     collided_rows: int = 0
     hidden_comm_s: float = 0.0
+    bins: list[list[float]] = field(default_factory=list)  # per microbatch: [sum L^2, sum L, samples]
 
 
 class Collectives:

@@ -106,6 +106,11 @@ class _Prepared:
     def ids(self) -> torch.Tensor:
         return torch.cat([self.rows, self.neg_rows])
 
+    def features(self) -> list[float]:
+        """``[sum L^2, sum L, samples]`` of the microbatch: what the simulator times it by."""
+        lengths = torch.diff(self.offsets).to(torch.float64)
+        return [float((lengths * lengths).sum()), float(lengths.sum()), float(lengths.numel())]
+
 
 def prepare(cfg: TrainConfig, work: Path, *, write: bool = True) -> dict:
     """Read the dataset, write the training split under ``work`` (unless another rank does); what every
@@ -244,7 +249,8 @@ def _train(rank: int, world: int, cfg: TrainConfig, shared: dict, SequenceLoader
                 step=stats.step, rank=rank, step_s=wall, compute_s=max(0.0, wall - wait - comm - max(joined, 0.0)),
                 comm_s=comm + max(joined, 0.0), wait_s=wait, loss=sum(losses[-m:]),
                 samples=sum(mb.samples for mb in step), tokens=sum(mb.rows.numel() for mb in step),
-                exclusive_rows=stats.exclusive, collided_rows=stats.collisions, hidden_comm_s=stats.hidden_s))
+                exclusive_rows=stats.exclusive, collided_rows=stats.collisions, hidden_comm_s=stats.hidden_s,
+                bins=[mb.features() for mb in step]))
             if prefetch is not None:
                 prefetch.main_s = 0.0
             started = time.perf_counter()
@@ -293,6 +299,8 @@ def free_port() -> int:
 
 def _spawned(rank: int, world: int, cfg: TrainConfig, shared: dict, address: str, queue) -> None:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # local ranks talk over loopback only
+    if "OMP_NUM_THREADS" not in os.environ:  # as torchrun does: ranks sharing a machine must not oversubscribe it
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     try:
         queue.put((rank, run_rank(rank, world, cfg, shared, address)))
     except BaseException as exc:  # reported by the parent, which then stops

@@ -1,5 +1,5 @@
-"""``balancer.simulate`` and ``freescale simulate``: closed-form schedules, scenario ordering, and a calibrated
-simulation that reproduces a measured 2-rank CPU run's bubble fraction."""
+"""``balancer.simulate`` and ``freescale simulate``: closed-form schedules, scenario ordering, calibration from
+recorded bins, and a calibrated simulation that reproduces a measured 2-rank CPU run's bubble fraction."""
 
 import json
 import tempfile
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from balancer.cost import CostModel
-from balancer.simulate import (Timing, calibrate, compute_seconds, exchange_seconds, load_records, run_scenarios,
+from balancer.simulate import (Timing, calibrate, load_records, recorded_bins, reproduce, run_scenarios,
                                simulate)
 from balancer.workloads import sample_lengths
 from freescale.cli import main
@@ -72,22 +72,63 @@ def test_cli_errors_name_the_value(capsys):
         calibrate([], microbatches=2)
 
 
-M, G, RANKS, STEPS, MAX_LEN = 2, 48, 2, 12, 128
+def synthetic_records(model: CostModel, *, steps=6, ranks=2, microbatches=2, per_microbatch_s=0.0, seed=0):
+    """Records whose compute_s is exactly the model's time of their bins, and waits of a lockstep schedule."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 200, size=(steps, ranks, microbatches, 5))
+    bins = np.stack([(lengths**2).sum(-1), lengths.sum(-1), np.full(lengths.shape[:-1], 5)], -1).astype(float)
+    t = bins @ np.array([model.quadratic, model.linear, model.constant]) + per_microbatch_s  # (K, R, M)
+    wait = (t.max(axis=1, keepdims=True) - t).sum(-1)  # (K, R)
+    return [{"step": k, "rank": r, "step_s": t[k].max(0).sum(), "compute_s": t[k, r].sum(), "comm_s": 0.0,
+             "wait_s": wait[k, r], "samples": 10, "tokens": int(bins[k, r, :, 1].sum()), "bins": bins[k, r].tolist()}
+            for k in range(steps) for r in range(ranks)]
+
+
+def test_calibration_recovers_the_quadratic_term_from_recorded_bins_and_replays_them():
+    model = CostModel(2e-6, 3e-5, 1e-4)
+    records = synthetic_records(model, per_microbatch_s=1e-3)
+    cal = calibrate(records, microbatches=2)
+    fitted = cal.timing.cost_model
+    assert fitted.quadratic == pytest.approx(2e-6, rel=1e-6) and fitted.linear == pytest.approx(3e-5, rel=1e-4)
+    assert cal.timing.per_microbatch_s + 5 * fitted.constant == pytest.approx(1e-3 + 5e-4, rel=1e-6)
+    assert cal.compute_r2 == pytest.approx(1.0)
+    out = reproduce(records, cal)
+    assert out["simulated_bubble"] == pytest.approx(out["measured_bubble"], rel=1e-9) and out["measured_bubble"] > 0
+    assert recorded_bins(records).shape == (5, 2, 2, 3)  # the first step is warm-up
+
+
+def test_recorded_bins_errors_name_the_record():
+    records = synthetic_records(CostModel(1.0, 0.0, 0.0))
+    del records[5]["bins"]
+    with pytest.raises(ValueError, match="step 2, rank 1 has no 'bins'"):
+        recorded_bins(records)
+    with pytest.raises(ValueError, match="no record of step 3, rank 0"):
+        recorded_bins([r for r in synthetic_records(CostModel(1.0, 0.0, 0.0)) if (r["step"], r["rank"]) != (3, 0)])
+    bad = synthetic_records(CostModel(1.0, 0.0, 0.0))
+    bad[4]["tokens"] += 1
+    with pytest.raises(ValueError, match="step 2, rank 0: its bins hold"):
+        calibrate(bad, microbatches=2)
+
+
+# The measured run: 2 gloo ranks on CPU, naive planner, overlap on. Few long histories per microbatch (4 per
+# rank, lognormal up to 512 events) so each microbatch computes for ~100+ ms and the naive plan's imbalance,
+# not OS-scheduling noise, decides who waits.
+M, G, RANKS, STEPS, MAX_LEN, D = 2, 16, 2, 20, 512, 64
 
 
 def measure(root: Path, attempt: int) -> Path:
-    """A real 2-rank gloo run on CPU (naive planner, overlap on); returns its JSONL."""
+    """A real 2-rank gloo run on CPU; returns its JSONL."""
     from trainer.train import TrainConfig, train
 
     out = root / f"metrics-{attempt}.jsonl"
     train(TrainConfig(data=str(root / "data"), nproc=RANKS, steps=STEPS, balance=False, overlap=True,
-                      microbatches=M, samples_per_step=G, d_model=32, num_layers=2, num_heads=2, max_len=MAX_LEN,
+                      microbatches=M, samples_per_step=G, d_model=D, num_layers=2, num_heads=2, max_len=MAX_LEN,
                       negatives=16, evaluate=False, metrics_out=str(out)))
     return out
 
 
-def recorded_bins(data: Path, planner: str, steps: int) -> np.ndarray:
-    """The run's (step, rank, microbatch) bins, recovered by replaying its loader: (K, R, M, 3) features."""
+def replayed_bins(data: Path, planner: str, steps: int) -> np.ndarray:
+    """The run's (step, rank, microbatch) bins, recovered independently by replaying its loader: (K, R, M, 3)."""
     from loader import SequenceLoader
     from trainer.data import read_histories, write_training_split
 
@@ -105,33 +146,41 @@ def recorded_bins(data: Path, planner: str, steps: int) -> np.ndarray:
     return out
 
 
-def test_calibrated_simulation_reproduces_the_measured_bubble(tmp_path):
+def test_calibrated_simulation_reproduces_the_measured_bubble_within_10_percent(tmp_path):
     """Calibrate on a measured 2-rank CPU run, simulate its recorded bins, compare bubble fractions.
 
     The measured bubble is sum wait_s / sum step_s (steps after the first, warm-up); the simulated one is the
-    straggler fraction of the same bins (recovered by replaying the run's loader) under the calibrated compute
-    model, without a noise term. On this 2-vCPU machine the waits are partly OS-scheduling noise: a *balanced*
-    run measures ~4.7% bubble where its bins predict ~1.5%, so only an imbalance-dominated (naive) run can be
-    reproduced, and even there the compute fit's R^2 is 0.1-0.6. Observed relative gaps of the naive run:
-    1.4%, 7%, 20%, 38%, 44%, 51%. The issue's 10% is NOT reliably reachable here: the test measures up to 3
-    times, stops at the first run within 10%, and asserts what is reachable, one run within 50%; every gap
-    is printed. Rerun on a quiet multi-core machine (or a GPU) to tighten it.
+    straggler fraction of the same bins under the calibrated compute model, without a noise term. The bins
+    the trainer records must equal an independent replay of its loader. On the 2-vCPU development machine
+    9 of 10 such runs came within 10% (docs/simulator.md); wall-clock measurement stays noisy, so up to 3
+    runs are measured: every one must come within 25% (a wrong model fails every time) and one within 10%.
     """
     from loader.synth import write_synthetic
 
     write_synthetic(tmp_path / "data", users=600, max_len=MAX_LEN, items=500, seed=3, files=2)
-    bins = recorded_bins(tmp_path / "data", "naive", STEPS)  # (K, R, M, 3)
-    per_step = {(k, r): bins[k, r].sum(axis=0) for k in range(STEPS) for r in range(RANKS)}
+    expected = replayed_bins(tmp_path / "data", "naive", STEPS)
     gaps = []
     for attempt in range(3):
         records = load_records(measure(tmp_path, attempt))
-        cal = calibrate(records, microbatches=M, emb_bytes_per_token=2 * 32 * 4, step_features=per_step)
-        t = compute_seconds(bins[1:], cal.timing)
-        sim = simulate(t, exchange_seconds(bins[1:], cal.timing), overlap=True).to_dict()["straggler"]
-        gaps.append(abs(sim - cal.measured_bubble) / cal.measured_bubble)
-        print(f"measured bubble {cal.measured_bubble:.4f}, simulated {sim:.4f}, gap {gaps[-1]:.1%}, "
-              f"R^2 {cal.compute_r2:.2f}")
-        assert cal.measured_bubble > 0.01, "the naive run should wait measurably on its imbalance"
+        np.testing.assert_array_equal(recorded_bins(records, skip_steps=0), expected)
+        cal = calibrate(records, microbatches=M, emb_bytes_per_token=2 * D * 4)
+        out = reproduce(records, cal)
+        gaps.append(out["relative_gap"])
+        print(f"measured bubble {out['measured_bubble']:.4f}, simulated {out['simulated_bubble']:.4f}, "
+              f"gap {gaps[-1]:.1%}, R^2 {cal.compute_r2:.2f}")
+        assert out["measured_bubble"] > 0.1, "the naive run should wait measurably on its imbalance"
+        assert gaps[-1] <= 0.25, gaps
         if gaps[-1] <= 0.10:
             break
-    assert min(gaps) <= 0.50, gaps
+    assert min(gaps) <= 0.10, gaps
+
+
+def test_cli_calibrates_from_a_jsonl_and_reports_its_reproduction(tmp_path, capsys):
+    path = tmp_path / "run.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in synthetic_records(CostModel(2e-6, 3e-5, 1e-4))))
+    out = tmp_path / "sim.json"
+    assert main(["simulate", "--calibrate", str(path), "--ranks", "8", "--microbatches", "4", "--steps", "1",
+                 "--max-len", "256", "--json-out", str(out)]) == 0
+    assert "its recorded bins, simulated: bubble" in capsys.readouterr().out
+    calibration = json.loads(out.read_text())["calibration"]
+    assert calibration["reproduction"]["relative_gap"] < 1e-9 and calibration["compute_r2"] == pytest.approx(1.0)
