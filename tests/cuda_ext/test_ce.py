@@ -1,5 +1,6 @@
 """cuda_ext.ce: the copy-engine exchange. CPU: errors, offsets, the C error path; GPU (marked): equality with
-TorchExchange over gloo among 2 and 3 processes sharing one GPU, within a node and host-staged across nodes."""
+TorchExchange over gloo among 2 and 3 processes sharing one GPU, within a node and host-staged across nodes,
+and `freescale train --transport ce` against `--transport nccl`."""
 from __future__ import annotations
 
 import pytest
@@ -114,3 +115,24 @@ def _no_kernel_and_errors(rank: int, world: int) -> None:
 @pytest.mark.gpu
 def test_ce_runs_no_kernel_and_checks_its_arguments(cuda_cache):
     run_world(_no_kernel_and_errors, 2)
+
+
+@pytest.mark.gpu
+def test_train_with_the_ce_transport_equals_nccl(cuda_cache, tmp_path):
+    """`freescale train --transport ce` trains the same model as `--transport nccl` (one rank per GPU, up to
+    2; prefetch on, so both the main and the prefetch exchange go through the copy engines)."""
+    import numpy as np
+
+    from loader.synth import write_synthetic
+    from tests.trainer.test_train import SMALL
+    from trainer.train import TrainConfig, train
+
+    write_synthetic(tmp_path / "data", users=120, max_len=40, items=300, seed=3, files=2)
+    config = dict(SMALL, nproc=min(2, torch.cuda.device_count()), backend="nccl", steps=8)
+    runs = {t: train(TrainConfig(data=str(tmp_path / "data"), transport=t, **config)) for t in ("nccl", "ce")}
+    np.testing.assert_allclose(runs["ce"]["losses"], runs["nccl"]["losses"], rtol=0, atol=1e-5)
+    for rank, want in runs["nccl"]["_results"].items():
+        got = runs["ce"]["_results"][rank]
+        np.testing.assert_allclose(got["table"], want["table"], rtol=0, atol=1e-5)
+        for name in want["params"]:
+            np.testing.assert_allclose(got["params"][name], want["params"][name], rtol=0, atol=1e-5)
