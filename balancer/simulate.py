@@ -23,6 +23,7 @@ slowest rank: ``max_r c - c[r]``), ``exposed`` (waiting for the exchange), ``con
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -300,10 +301,18 @@ def _measured_rows(records: list[dict], skip_steps: int) -> list[dict]:
         missing = [k for k in REQUIRED_FIELDS if k not in rec]
         if missing:
             raise ValueError(f"record {i} lacks {missing}; expected the trainer's --metrics-out JSONL")
+        bad = [k for k in REQUIRED_FIELDS if not _finite(rec[k])]
+        if bad:
+            raise ValueError(f"record {i} (step {rec['step']}, rank {rec['rank']}): {', '.join(bad)} must be finite, "
+                             f"got {[rec[k] for k in bad]}")
     rows = [r for r in records if r["step"] >= skip_steps]
     if len(rows) < 4:
         raise ValueError(f"calibration needs at least 4 rank-steps after {skip_steps} warm-up steps, got {len(rows)}")
     return rows
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _step_features(record: dict) -> list[float]:
@@ -326,7 +335,11 @@ def load_records(path) -> list[dict]:
     for number, line in enumerate(path.read_text().splitlines(), 1):
         if line.strip():
             try:
-                records.append(json.loads(line))
+                record = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise ValueError(f"{path}:{number}: not JSON ({exc})") from exc
+            if not isinstance(record, dict):
+                raise ValueError(f"{path}:{number}: a JSON {type(record).__name__}, not an object; expected one "
+                                 "trainer record per line (freescale train --metrics-out)")
+            records.append(record)
     return records

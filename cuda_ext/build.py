@@ -12,6 +12,7 @@ Architectures: `$FREESCALE_CUDA_ARCH` (e.g. `sm_90` or `80,90`), else the visibl
 """
 from __future__ import annotations
 
+import argparse
 import ctypes
 import functools
 import hashlib
@@ -141,9 +142,16 @@ def load() -> ctypes.CDLL:
     return ctypes.CDLL(str(build()))
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m cuda_ext.build",
+        description="Compile cuda_ext/*.cu with nvcc into one shared library (cached; also done on first use) "
+                    "and print its path. FREESCALE_CUDA_CACHE sets the cache folder, FREESCALE_CUDA_ARCH the "
+                    "GPU architectures.")
+    parser.add_argument("--force", action="store_true", help="rebuild even when the cached library is current")
+    args = parser.parse_args(argv)
     try:
-        print(build())
+        print(build(force=args.force))
     except RuntimeError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

@@ -85,8 +85,13 @@ class TrainConfig:
         if self.backend == "nccl" and torch.cuda.device_count() < self.nproc:
             raise ValueError(f"backend 'nccl' needs one CUDA device per rank: {self.nproc} ranks, "
                              f"{torch.cuda.device_count()} devices; use --backend gloo on CPU")
-        if self.compress_eb is not None and not 0.0 < self.compress_eb <= 0.5:
-            raise ValueError(f"compress_eb must be in (0, 0.5] (a fraction of each row's range), got {self.compress_eb}")
+        if self.compress_eb is not None:
+            from cuda_ext.compress import code_bits
+
+            try:
+                code_bits(self.compress_eb)
+            except ValueError as exc:
+                raise ValueError(f"compress_eb: {exc}") from None
         if self.loader_backend == "ray" and self.ray_address is None:
             raise ValueError("loader backend 'ray' needs ray_address (the ranks must share one Ray cluster: "
                              "start one with `ray start --head` and pass its address), or use the inline loader")

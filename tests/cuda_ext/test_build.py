@@ -86,7 +86,7 @@ def test_missing_nvcc_says_how_to_get_it(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(build, "FALLBACK_CUDA_HOME", tmp_path / "no-cuda")
     with pytest.raises(RuntimeError, match="nvcc not found.*install it.*PATH.*set CUDA_HOME"):
         build.build()
-    assert build.main() == 1
+    assert build.main([]) == 1
     assert "nvcc not found" in capsys.readouterr().err
 
 

@@ -184,3 +184,14 @@ def test_cli_calibrates_from_a_jsonl_and_reports_its_reproduction(tmp_path, caps
     assert "its recorded bins, simulated: bubble" in capsys.readouterr().out
     calibration = json.loads(out.read_text())["calibration"]
     assert calibration["reproduction"]["relative_gap"] < 1e-9 and calibration["compute_r2"] == pytest.approx(1.0)
+
+
+def test_bad_records_are_errors_that_name_the_line_or_record(tmp_path):
+    path = tmp_path / "run.jsonl"
+    path.write_text('{"step": 0}\n[1, 2]\n')
+    with pytest.raises(ValueError, match=r"run.jsonl:2: a JSON list, not an object"):
+        load_records(path)
+    records = synthetic_records(CostModel(1.0, 0.0, 0.0))
+    records[3]["wait_s"] = float("nan")
+    with pytest.raises(ValueError, match=r"record 3 \(step 1, rank 1\): wait_s must be finite, got \[nan\]"):
+        calibrate(records, microbatches=2)

@@ -88,5 +88,7 @@ def test_compressed_forward_rows_train_close_to_the_exact_run(data):
     lossy = train(TrainConfig(data=data, steps=8, overlap=True, compress_eb=1e-3, **SMALL))
     assert lossy["losses"] != exact["losses"]  # the payload really was compressed
     np.testing.assert_allclose(lossy["losses"], exact["losses"], rtol=5e-2)
-    with pytest.raises(ValueError, match="compress_eb must be in"):
+    with pytest.raises(ValueError, match=r"compress_eb: error bound eb=0.0 must be a number in \(0, 0.5\]"):
         TrainConfig(data=data, compress_eb=0.0)
+    with pytest.raises(ValueError, match="compress_eb: eb=1e-06 needs 19-bit codes"):  # caught before any rank starts
+        TrainConfig(data=data, compress_eb=1e-6)
