@@ -4,6 +4,7 @@ namespaces of this machine: readers on both nodes, a 2-rank gloo trainer on the 
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -130,6 +131,17 @@ def test_commands_point_at_real_entry_points():
     assert "--ray-address 10.200.0.1:6379" in launch and launch.rstrip().endswith("--steps 7")
     # KubeRay and `ray up` use the image of deploy/Dockerfile, whose console script is `freescale`
     assert shutil.which("freescale", path=str(BIN)) is not None
+
+
+def test_launch_hosts_the_rendezvous_where_told():
+    env = {**os.environ, "HEAD_ADDR": "head", "DATA": "/d", "RAY_AUTH_TOKEN": "x", "DRY_RUN": "1"}
+    run = functools.partial(subprocess.run, ["bash", str(DEPLOY / "launch/launch.sh")], capture_output=True, text=True)
+    host = run(env={**env, "RDZV_ADDR": "10.0.0.7", "RDZV_IS_HOST": "1", "LOCAL_ADDR": "10.0.0.7"}).stdout
+    assert "--rdzv-endpoint 10.0.0.7:29400 --rdzv-id freescale --rdzv-conf is_host=true --local-addr 10.0.0.7" in host
+    assert "--ray-address head:6379" in host  # the loader still attaches to the Ray head
+    assert "--rdzv-conf is_host=false" in run(env={**env, "RDZV_ADDR": "10.0.0.7", "RDZV_IS_HOST": "0"}).stdout
+    bad = run(env={**env, "RDZV_IS_HOST": "yes"})
+    assert bad.returncode == 2 and "RDZV_IS_HOST must be 1, 0 or unset, got 'yes'" in bad.stderr
 
 
 def test_launch_refuses_to_run_without_a_token():
@@ -303,15 +315,30 @@ def test_two_node_cluster_trains_and_delivers_every_row_once(two_nodes, tmp_path
     assert len(outs[0]["alive"]) == 2
     assert outs[0]["reader_nodes"] == outs[0]["alive"], "readers on both nodes"
 
-    # the trainer: 2 gloo ranks, their loaders on the Ray cluster
+    # the trainer, launched as in deploy/README.md: launch.sh on each node (one gloo rank each), the torchrun
+    # rendezvous hosted by the WORKER (the Ray head runs no trainer, as on KubeRay), every rank's loader on the
+    # Ray cluster; one epoch, so the ranks' samples add up to every training row once
+    from trainer.data import read_histories
+
+    rows = int((read_histories(data).lengths >= 2).sum())
+    steps = -(-rows // 40)
     metrics = tmp_path / "m.jsonl"
-    r = two_nodes.in_ns(0, [py, "-m", "freescale", "train", "--data", str(data), "--nproc", "2",
-                            "--loader", "ray", "--ray-address", two_nodes.address, "--steps", "3",
-                            "--d-model", "8", "--layers", "1", "--heads", "1", "--negatives", "8",
-                            "--samples-per-step", "40", "--microbatches", "2", "--max-len", "20",
-                            "--work-dir", str(tmp_path), "--metrics-out", str(metrics)], timeout=180)
-    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    launch = dict(HEAD_ADDR=two_nodes.HEAD_IP, RDZV_ADDR=two_nodes.WORKER_IP, DATA=str(data), NNODES="2",
+                  NPROC_PER_NODE="1", BACKEND="gloo", WORK_DIR=str(tmp_path), RUN_ID="deploy-e2e",
+                  METRICS_OUT=str(metrics), PYTHON=py)
+    nodes = [subprocess.Popen(
+        ["ip", "netns", "exec", two_nodes.ns[i], "bash", str(DEPLOY / "launch/launch.sh"), "--steps", str(steps),
+         "--d-model", "8", "--layers", "1", "--heads", "1", "--negatives", "8", "--samples-per-step", "40",
+         "--microbatches", "2", "--max-len", "20"],
+        env={**two_nodes.env, **launch, "RDZV_IS_HOST": str(i), "LOCAL_ADDR": addr,
+             "GLOO_SOCKET_IFNAME": two_nodes.veth[i]},
+        stdout=open(tmp_path / f"node{i}.log", "w"), stderr=subprocess.STDOUT)
+        for i, addr in ((0, two_nodes.HEAD_IP), (1, two_nodes.WORKER_IP))]
+    for i, node in enumerate(nodes):
+        node.wait(timeout=180)
+        assert node.returncode == 0, (tmp_path / f"node{i}.log").read_text()[-3000:]
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
-    assert sorted({(x["step"], x["rank"]) for x in records}) == [(s, k) for s in range(3) for k in range(2)]
+    assert sorted({(x["step"], x["rank"]) for x in records}) == [(s, k) for s in range(steps) for k in range(2)]
+    assert sum(x["samples"] for x in records) == rows, "one epoch: every training row once"
     summary = json.loads(metrics.with_suffix(".summary.json").read_text())
-    assert len(summary["losses"]) == 3 and all(x == x and x > 0 for x in summary["losses"])
+    assert len(summary["losses"]) == steps and all(x == x and x > 0 for x in summary["losses"])
