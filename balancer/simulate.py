@@ -286,12 +286,13 @@ def recorded_bins(records: list[dict], *, skip_steps: int = 1) -> np.ndarray:
 
 
 def reproduce(records: list[dict], calibration: Calibration, *, skip_steps: int = 1) -> dict:
-    """Simulate the run's own recorded bins under its calibrated timing (no noise term): the simulated
-    straggler fraction beside the measured bubble fraction and their relative gap."""
+    """Simulate the recorded bins of ``records`` (the calibration's own run, or another run of the same
+    setup) under the calibrated timing, without a noise term: the simulated straggler fraction beside that
+    run's measured bubble fraction and their relative gap."""
     bins = recorded_bins(records, skip_steps=skip_steps)
     t = compute_seconds(bins, calibration.timing)
     simulated = simulate(t, exchange_seconds(bins, calibration.timing), overlap=True).to_dict()["straggler"]
-    measured = calibration.measured_bubble
+    measured = measured_bubble(_measured_rows(records, skip_steps))
     return {"measured_bubble": measured, "simulated_bubble": simulated,
             "relative_gap": abs(simulated - measured) / measured if measured > 0 else float("inf")}
 
