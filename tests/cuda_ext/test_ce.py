@@ -51,7 +51,7 @@ def test_a_failing_cuda_call_names_the_call(cuda_cache):
         ce._new("fs_malloc", 9999, 16)  # no driver here; an invalid device on a GPU machine
 
 
-# ---- GPU: every rank is a process on cuda:0 --------------------------------------------------------------------
+# ---- GPU: every rank is a process on cuda:0 (or spread over the GPUs) ------------------------------------------------
 
 CASES = [(torch.float32, (8,)), (torch.bfloat16, (3, 5)), (torch.int64, ())]
 SCALES = [0, 3, 40, 120_000, 5]  # max rows per destination; 120k float32 x 8 outgrows the first 1 MiB buffer
@@ -63,8 +63,8 @@ def _payload(rows: int, trailing: tuple[int, ...], dtype: torch.dtype, gen: torc
     return torch.randn((rows, *trailing), generator=gen).to(dtype)
 
 
-def _matches_gloo(rank: int, world: int, two_nodes: bool) -> None:
-    torch.cuda.set_device(0)
+def _matches_gloo(rank: int, world: int, two_nodes: bool, spread: bool = False) -> None:
+    torch.cuda.set_device(rank % torch.cuda.device_count() if spread else 0)  # spread: peer copies between GPUs
     exchange = CopyEngineExchange(None, priority=-1, node=f"n{rank % 2}" if two_nodes else "n0")
     reference = TorchExchange(None)
     gen = torch.Generator().manual_seed(rank)
@@ -86,6 +86,14 @@ def _matches_gloo(rank: int, world: int, two_nodes: bool) -> None:
 @pytest.mark.parametrize("world", [2, 3])
 def test_ce_on_one_gpu_equals_gloo(world, cuda_cache):
     run_world(_matches_gloo, world, False)
+
+
+@pytest.mark.gpu
+def test_ce_across_the_gpus_of_one_node_equals_gloo(cuda_cache):
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 or more CUDA devices (ranks on different GPUs of one node)")
+    run_world(_matches_gloo, 3, False, True)  # 3 ranks round-robin over the GPUs: peer copies, and with 2
+    # GPUs also two ranks sharing one
 
 
 @pytest.mark.gpu
