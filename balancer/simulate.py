@@ -265,7 +265,24 @@ def calibrate(records: list[dict], *, microbatches: int | None = None, emb_bytes
 def recorded_bins(records: list[dict], *, skip_steps: int = 1) -> np.ndarray:
     """The run's bins as the trainer recorded them: (K, R, M, 3) ``[sum L^2, sum L, n]``, steps after the
     first ``skip_steps``; an error names a record without ``bins`` or a missing (step, rank)."""
+    return _bins(_measured_rows(records, skip_steps))
+
+
+def reproduce(records: list[dict], calibration: Calibration, *, skip_steps: int = 1) -> dict:
+    """Simulate the recorded bins of ``records`` (the calibration's own run, or another run of the same
+    setup) under the calibrated timing, without a noise term: the simulated straggler fraction beside that
+    run's measured bubble fraction and their relative gap."""
     rows = _measured_rows(records, skip_steps)
+    bins = _bins(rows)
+    t = compute_seconds(bins, calibration.timing)
+    simulated = simulate(t, exchange_seconds(bins, calibration.timing), overlap=True).to_dict()["straggler"]
+    measured = measured_bubble(rows)
+    return {"measured_bubble": measured, "simulated_bubble": simulated,
+            "relative_gap": abs(simulated - measured) / measured if measured > 0 else float("inf")}
+
+
+def _bins(rows: list[dict]) -> np.ndarray:
+    """(K, R, M, 3) bins of validated rank-step records."""
     for r in rows:
         if not r.get("bins"):
             raise ValueError(f"record of step {r['step']}, rank {r['rank']} has no 'bins': written by an older "
@@ -283,18 +300,6 @@ def recorded_bins(records: list[dict], *, skip_steps: int = 1) -> np.ndarray:
         k, r = np.argwhere(np.isnan(out).any(axis=(2, 3)))[0]
         raise ValueError(f"no record of step {steps[k]}, rank {ranks[r]}: the JSONL is incomplete")
     return out
-
-
-def reproduce(records: list[dict], calibration: Calibration, *, skip_steps: int = 1) -> dict:
-    """Simulate the recorded bins of ``records`` (the calibration's own run, or another run of the same
-    setup) under the calibrated timing, without a noise term: the simulated straggler fraction beside that
-    run's measured bubble fraction and their relative gap."""
-    bins = recorded_bins(records, skip_steps=skip_steps)
-    t = compute_seconds(bins, calibration.timing)
-    simulated = simulate(t, exchange_seconds(bins, calibration.timing), overlap=True).to_dict()["straggler"]
-    measured = measured_bubble(_measured_rows(records, skip_steps))
-    return {"measured_bubble": measured, "simulated_bubble": simulated,
-            "relative_gap": abs(simulated - measured) / measured if measured > 0 else float("inf")}
 
 
 def _measured_rows(records: list[dict], skip_steps: int) -> list[dict]:

@@ -194,14 +194,17 @@ def require_cuda(part: str) -> None:
         sys.exit(NO_CUDA_EXIT)
 
 
-def _guard(label: str, fn, *args) -> dict:
-    """fn(*args), or {"error": ...} (printed) when it raises, so one failing piece does not end the run."""
+def _guard(label: str, tag: tuple[str, object], fn, *args) -> dict:
+    """fn(*args), or {"error": ...} (printed) when it raises, so one failing piece does not end the run; the
+    result carries ``tag`` (the swept parameter's name and value) either way."""
     try:
-        return fn(*args)
+        got = fn(*args)
     except Exception as exc:  # noqa: BLE001 - a benchmark reports what failed and goes on
         traceback.print_exc()
         print(f"   {label}: ERROR {type(exc).__name__}: {exc}", flush=True)
-        return {"error": f"{type(exc).__name__}: {exc}"}
+        got = {"error": f"{type(exc).__name__}: {exc}"}
+    got.setdefault(*tag)
+    return got
 
 
 # ---------------------------------------------------------------- part 1: attention beside a transfer
@@ -358,8 +361,7 @@ def overlap_part(args) -> list[dict]:
           f"{'GB/s beside':>12} {'covered':>8}  verdict")
     rows = []
     for head_dim in args.head_dims:
-        got = _guard(f"head dim {head_dim}", overlap_one, args, head_dim, device)
-        got.setdefault("head_dim", head_dim)
+        got = _guard(f"head dim {head_dim}", ("head_dim", head_dim), overlap_one, args, head_dim, device)
         rows.append(got)
         for mode, r in got.get("modes", {}).items():
             verdict = ("PASS" if r["pass"] else "FAIL") + f" (<= {TARGET_CE_SLOWDOWN:.0%})" if "pass" in r else ""
@@ -504,8 +506,7 @@ def a2a_part(args, stub: bool = False) -> list[dict]:
     print(f"   {'W':>3} {'ce ms':>9} {'ce GB/s':>9} {'SM ms':>9} {'SM GB/s':>9} {'ce/SM':>7} {'equal':>6}")
     rows = []
     for world in args.worlds:
-        got = _guard(f"W={world}", a2a_world, world, cfg)
-        got.setdefault("world", world)
+        got = _guard(f"W={world}", ("world", world), a2a_world, world, cfg)
         rows.append(got)
         if "error" not in got:
             print(f"   {world:>3} {got['ce_s'] * 1e3:9.3f} {got['ce_gbps']:9.2f} {got['sm_s'] * 1e3:9.3f} "
@@ -566,8 +567,7 @@ def compress_part(args) -> list[dict]:
           f"{'bound':>6} {'=cpu':>5}  verdict")
     rows = []
     for eb in args.ebs:
-        got = _guard(f"eb {eb}", compress_one, args, eb, x)
-        got.setdefault("eb", eb)
+        got = _guard(f"eb {eb}", ("eb", eb), compress_one, args, eb, x)
         rows.append(got)
         if "error" not in got:
             verdict = "speed " + ("PASS" if got["pass_speed"] else "FAIL")
