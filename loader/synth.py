@@ -41,6 +41,7 @@ def write_synthetic(
     users: int,
     lengths: str = "lognormal",
     max_len: int = DEFAULT_MAX_LEN,
+    median: float | None = None,
     seed: int = 0,
     items: int = DEFAULT_ITEMS,
     zipf_s: float = DEFAULT_ZIPF_S,
@@ -51,8 +52,10 @@ def write_synthetic(
 ) -> dict:
     """Write ``users`` synthetic histories to ``out_dir`` as Parquet; return a summary dict.
 
-    Files are written by ``workers`` threads (default: one per CPU). The summary holds ``users``,
-    ``tokens``, ``files``, ``row_groups``, ``seconds`` and ``paths``.
+    ``median`` sets the median of ``lognormal`` lengths (default: ``sample_lengths``' own, 300);
+    other distributions take none. Files are written by ``workers`` threads (default: one per
+    CPU). The summary holds ``users``, ``tokens``, ``files``, ``row_groups``, ``seconds`` and
+    ``paths``.
     """
     if users < 1:
         raise ValueError(f"users must be >= 1, got {users}")
@@ -62,12 +65,17 @@ def write_synthetic(
         raise ValueError(f"zipf_s must be > 0, got {zipf_s}")
     if lengths not in DISTRIBUTIONS:
         raise ValueError(f"unknown lengths {lengths!r}; choose one of {', '.join(DISTRIBUTIONS)}")
+    if median is not None and lengths != "lognormal":
+        raise ValueError(f"median applies to lognormal lengths only, got lengths={lengths!r}")
+    if median is not None and not (np.isfinite(median) and median > 0):
+        raise ValueError(f"median must be a finite number > 0, got {median}")
     if not 0 <= seed < 2**63:
         raise ValueError(f"seed must be in [0, 2**63), got {seed}")
     started = time.perf_counter()
     layout.check_options(files=files, rows_per_group=rows_per_group, workers=workers)
     # user_lengths: (users,); token_offsets: (users + 1,) global event index of each history start
-    user_lengths = sample_lengths(lengths, users, max_len=max_len, seed=seed)
+    shape = {} if median is None else {"median": median}
+    user_lengths = sample_lengths(lengths, users, max_len=max_len, seed=seed, **shape)
     token_offsets = np.concatenate([[0], np.cumsum(user_lengths)])
     parts = layout.plan_parts(users, files=files, rows_per_group=rows_per_group)
     out = layout.prepare_out_dir(out_dir, overwrite=overwrite)

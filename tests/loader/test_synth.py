@@ -90,6 +90,13 @@ def test_other_length_distributions(tmp_path, lengths):
     assert summary["files"] == 2 and summary["row_groups"] == 4
 
 
+def test_median_sets_the_lognormal_median(tmp_path):
+    summary = write_synthetic(tmp_path, users=2000, median=15, max_len=21000, seed=2, files=1)
+    got = _read(tmp_path).column("item_ids").combine_chunks().value_lengths().to_numpy()
+    np.testing.assert_array_equal(got, sample_lengths("lognormal", 2000, max_len=21000, seed=2, median=15))
+    assert 13 <= np.median(got) <= 17 and summary["tokens"] == got.sum()
+
+
 def test_tiny_dataset_uses_fewer_files(tmp_path):
     summary = write_synthetic(tmp_path, users=3, max_len=10, files=4)
     assert summary["files"] == 3 and _read(tmp_path).num_rows == 3
@@ -104,6 +111,9 @@ def test_tiny_dataset_uses_fewer_files(tmp_path):
         ({"users": 10, "files": 0}, "files must be >= 1"),
         ({"users": 10, "max_len": 0}, "max_len must be >= 1"),
         ({"users": 10, "workers": 0}, "workers must be >= 1"),
+        ({"users": 10, "median": 0.0}, "median must be a finite number > 0, got 0.0"),
+        ({"users": 10, "median": float("nan")}, "median must be a finite number > 0, got nan"),
+        ({"users": 10, "lengths": "zipf", "median": 15}, "median applies to lognormal lengths only, got lengths='zipf'"),
     ],
 )
 def test_bad_options(tmp_path, kwargs, message):
