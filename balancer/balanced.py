@@ -36,11 +36,18 @@ The winner has the lowest peak bin cost; peaks within ``CHOICE_TOLERANCE`` of it
 the lower lockstep bubble wins among them. Flat plans (one level) carry no rank structure: without
 ``equal_count`` their bins are regrouped onto ranks (M each, heaviest first onto the lightest rank).
 Finally each rank's microbatches are ordered heaviest first, aligning heavy bins across ranks.
+
+The starts run one at a time (the column fill first where a sample costs more than a mean bin) and the
+search stops at the first *certified* one: peak within ``CHOICE_TOLERANCE`` of the lower bound (and not
+above the lpt start's peak, or exactly at the bound before that start ran) and lockstep time within it of
+its floor ``max(total / R, costliest sample)``; the remaining starts could only tie.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -101,63 +108,124 @@ def _positive(levels: np.ndarray) -> np.ndarray:
 class _Candidate:
     bins: np.ndarray  # int64 (N,): bin of each sample, b = rank * M + slot before the layout
     flat: bool  # one level: bins carry no rank structure yet
+    index: int  # the start's place in START_ORDER: ties in the choice go to the earlier start
     rank_of_bin: np.ndarray | None = None  # int64 (R*M,), after the layout
     slot_of_bin: np.ndarray | None = None
     peak: float = 0.0
     bubble: float = 0.0
+    lockstep: float = 0.0  # sum over slots of the costliest bin in the slot
+
+
+# Ties in the choice go to the start listed first here (the order the starts ran in before the schedule
+# put the column fill first where a sample costs more than a mean bin).
+START_ORDER = ("fill", "lpt", "columns", "zigzag", "column_fill")
+
+
+class _Starts:
+    """The starts of one problem, each refined into a laid-out candidate; shared inputs computed once."""
+
+    def __init__(self, problem: Problem) -> None:
+        self.problem = problem
+        self.costliest = float(problem.costs.max())
+        total = float(problem.costs.sum())
+        self.mean = total / problem.n_bins
+        self.lower_bound = max(self.mean, self.costliest)  # no plan's peak is below it
+        self.lockstep_floor = max(total / problem.ranks, self.costliest)  # nor its lockstep time
+        self.ceiling = np.inf  # the lpt start's peak once it ran: the winner may not exceed it
+        self.failure: ValueError | None = None  # why the lpt start found no plan, if it did not
+        self.flat_columns = np.zeros(problem.n_bins, dtype=np.int64)
+        self.flat_level = np.array([self.lower_bound])
+
+    @cached_property
+    def order(self) -> np.ndarray:
+        return self.problem.longest_first()
+
+    @cached_property
+    def columns(self) -> np.ndarray:
+        return np.arange(self.problem.n_bins, dtype=np.int64) % self.problem.microbatches
+
+    @cached_property
+    def levels(self) -> np.ndarray:
+        return column_levels(self.problem.costs[self.order], self.problem.ranks, self.problem.microbatches)
+
+    def schedule(self) -> Iterator[str]:
+        """Names of the starts to run, in running order (lazily: the column starts may depend on
+        whether the lpt start failed)."""
+        p = self.problem
+        flat = (["fill"] if p.max_tokens is None and not p.equal_count and p.n < LPT_ONLY_SAMPLES else []) + ["lpt"]
+        columned = ["columns", "zigzag"] + (["column_fill"] if p.n * p.n_bins <= COLUMN_FILL_WORK else [])
+        if self.costliest > self.mean and columned[-1] == "column_fill":
+            # a sample above a mean bin: the column fill usually reaches both floors, so it runs first
+            yield from ["column_fill"] + flat + columned[:-1]
+            return
+        yield from flat
+        small = p.n < FILL_ONLY_PER_BIN * p.n_bins
+        if (self.costliest > self.mean or (p.equal_count and p.n < LPT_ONLY_SAMPLES) or self.failure is not None
+                or small):
+            yield from columned
+
+    def run(self, name: str) -> _Candidate | None:
+        """The named start, refined and laid out; None where it found no plan within the constraints."""
+        p = self.problem
+        quotas, lo, n_extra = p.quotas()
+        columns, levels = self.flat_columns, self.flat_level
+        if name == "fill":
+            run_len, run_count, run_cost = p.runs
+            placed = deficit_fill(run_len, run_count, run_cost, p.n_bins, self.mean)
+            bins = spread_runs(p.lengths, run_len, run_count, placed, p.seed)
+        elif name == "lpt":
+            try:
+                bins = flat_lpt_bins(p)
+            except ValueError as exc:  # greedy packing found no room under the cap: other starts may
+                self.failure = exc
+                return None
+            self.ceiling = _peak(p, bins)
+        elif name == "columns":
+            columns, levels = self.columns, self.levels
+            bins = lpt_assign(self.order, p.costs, p.lengths, p.microbatches, columns, levels, p.token_cap(),
+                              quotas, lo, n_extra)
+        elif name == "zigzag":
+            columns, levels = self.columns, self.levels
+            bins = _zigzag_start(p, self.order)
+        else:
+            bins, fill_levels = column_fill(self.order, p.costs, p.lengths, p.ranks, p.microbatches, p.token_cap(),
+                                            quotas, lo, n_extra)
+            columns, levels = self.columns, _positive(fill_levels)
+        if bins is None or np.any(bins < 0):
+            return None
+        _refined(p, bins, columns, levels, self.costliest)
+        flat = levels is self.flat_level
+        cand = _Candidate(bins, flat, START_ORDER.index(name))
+        _layout(p, cand)
+        return cand
+
+    def certified(self, cand: _Candidate) -> bool:
+        """No other start can do better than ``cand`` by more than CHOICE_TOLERANCE: its peak is at the
+        lower bound (and not above the lpt start's, or exactly at the bound before that start ran) and
+        its lockstep time at its floor ``max(total / R, costliest sample)``."""
+        bound = self.lower_bound
+        if np.isfinite(self.ceiling):
+            bound = min(bound * (1.0 + CHOICE_TOLERANCE), self.ceiling)
+        return cand.peak <= bound and cand.lockstep <= self.lockstep_floor * (1.0 + CHOICE_TOLERANCE)
 
 
 @register("balanced")
 def balanced(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
-    R, M, n_bins = problem.ranks, problem.microbatches, problem.n_bins
     if not problem.n:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    costliest = float(problem.costs.max())
-    mean = float(problem.costs.sum()) / n_bins
-    flat_columns = np.zeros(n_bins, dtype=np.int64)
-    flat_level = np.array([max(mean, costliest)])
+    starts = _Starts(problem)
     candidates: list[_Candidate] = []
-    failure: ValueError | None = None
-    ceiling = np.inf  # the lpt start's peak: the winner may not exceed it
-    unconstrained = problem.max_tokens is None and not problem.equal_count
-    if unconstrained and problem.n < LPT_ONLY_SAMPLES:
-        candidates.append(_Candidate(_refined(problem, _fill_start(problem, mean), flat_columns, flat_level,
-                                              costliest), flat=True))
-    small = problem.n < FILL_ONLY_PER_BIN * n_bins
-    try:
-        start = flat_lpt_bins(problem)
-        ceiling = _peak(problem, start)
-        candidates.append(_Candidate(_refined(problem, start, flat_columns, flat_level, costliest), flat=True))
-    except ValueError as exc:  # greedy packing found no room under the cap: other starts may
-        failure = exc
-    if costliest > mean or (problem.equal_count and problem.n < LPT_ONLY_SAMPLES) or failure is not None or small:
-        order = problem.longest_first()
-        levels = column_levels(problem.costs[order], R, M)
-        columns = np.arange(n_bins, dtype=np.int64) % M
-        quotas, lo, n_extra = problem.quotas()
-        start = lpt_assign(order, problem.costs, problem.lengths, M, columns, levels, problem.token_cap(),
-                           quotas, lo, n_extra)
-        if np.all(start >= 0):
-            candidates.append(_Candidate(_refined(problem, start, columns, levels, costliest), flat=False))
-        start = _zigzag_start(problem, order)
-        if start is not None:
-            candidates.append(_Candidate(_refined(problem, start, columns, levels, costliest), flat=False))
-        if problem.n * n_bins <= COLUMN_FILL_WORK:
-            start, fill_levels = column_fill(order, problem.costs, problem.lengths, R, M, problem.token_cap(),
-                                             quotas, lo, n_extra)
-            if np.all(start >= 0):
-                candidates.append(_Candidate(_refined(problem, start, columns, _positive(fill_levels), costliest),
-                                             flat=False))
+    for name in starts.schedule():
+        cand = starts.run(name)
+        if cand is not None:
+            candidates.append(cand)
+            if starts.certified(cand):  # the remaining starts could only tie
+                break
     if not candidates:
+        failure = starts.failure
         raise failure if failure is not None else ValueError("no start found a plan within the constraints")
-    best = _choose(problem, candidates, ceiling)
+    best = _choose(candidates, starts.ceiling)
     return best.rank_of_bin[best.bins], best.slot_of_bin[best.bins]
-
-
-def _fill_start(problem: Problem, mean: float) -> np.ndarray:
-    run_len, run_count, run_cost = problem.runs
-    placed = deficit_fill(run_len, run_count, run_cost, problem.n_bins, mean)
-    return spread_runs(problem.lengths, run_len, run_count, placed, problem.seed)
 
 
 def _zigzag_start(problem: Problem, order: np.ndarray) -> np.ndarray | None:
@@ -194,26 +262,31 @@ def _peak(problem: Problem, bins: np.ndarray) -> float:
     return float(np.bincount(bins, weights=problem.costs, minlength=problem.n_bins).max())
 
 
-def _choose(problem: Problem, candidates: list[_Candidate], ceiling: float) -> _Candidate:
-    """Lowest peak; peaks within CHOICE_TOLERANCE (and not above ``ceiling``) tie, lower bubble wins."""
+def _layout(problem: Problem, cand: _Candidate) -> None:
+    """Ranks and slots of ``cand``'s bins (flat plans regrouped onto ranks without ``equal_count``; each
+    rank's microbatches heaviest first), its peak, lockstep bubble and lockstep time."""
     R, M, n_bins = problem.ranks, problem.microbatches, problem.n_bins
-    for cand in candidates:
-        loads = np.bincount(cand.bins, weights=problem.costs, minlength=n_bins)  # (R*M,)
-        rank_of_bin = np.arange(n_bins) // M
-        if cand.flat and not problem.equal_count:
-            rank_of_bin = _group_bins_into_ranks(loads, R, M)
-        # slot of each bin inside its rank: heaviest first (stable by bin id)
-        by_rank_then_load = np.lexsort((np.arange(n_bins), -loads, rank_of_bin))
-        slot_of_bin = np.empty(n_bins, dtype=np.int64)
-        slot_of_bin[by_rank_then_load] = np.arange(n_bins) % M
-        grid = np.zeros((R, M))
-        grid[rank_of_bin, slot_of_bin] = loads
-        cand.rank_of_bin, cand.slot_of_bin = rank_of_bin, slot_of_bin
-        cand.peak = float(loads.max())
-        cand.bubble = lockstep_bubble(grid)
+    loads = np.bincount(cand.bins, weights=problem.costs, minlength=n_bins)  # (R*M,)
+    rank_of_bin = np.arange(n_bins) // M
+    if cand.flat and not problem.equal_count:
+        rank_of_bin = _group_bins_into_ranks(loads, R, M)
+    # slot of each bin inside its rank: heaviest first (stable by bin id)
+    by_rank_then_load = np.lexsort((np.arange(n_bins), -loads, rank_of_bin))
+    slot_of_bin = np.empty(n_bins, dtype=np.int64)
+    slot_of_bin[by_rank_then_load] = np.arange(n_bins) % M
+    grid = np.zeros((R, M))
+    grid[rank_of_bin, slot_of_bin] = loads
+    cand.rank_of_bin, cand.slot_of_bin = rank_of_bin, slot_of_bin
+    cand.peak = float(loads.max())
+    cand.bubble = lockstep_bubble(grid)
+    cand.lockstep = float(grid.max(axis=0).sum())
+
+
+def _choose(candidates: list[_Candidate], ceiling: float) -> _Candidate:
+    """Lowest peak; peaks within CHOICE_TOLERANCE (and not above ``ceiling``) tie, lower bubble wins."""
     best_peak = min(c.peak for c in candidates)
     bar = min(best_peak * (1.0 + CHOICE_TOLERANCE), max(ceiling, best_peak))
-    return min((c for c in candidates if c.peak <= bar), key=lambda c: (c.bubble, c.peak))
+    return min((c for c in candidates if c.peak <= bar), key=lambda c: (c.bubble, c.peak, c.index))
 
 
 def _group_bins_into_ranks(loads: np.ndarray, ranks: int, microbatches: int) -> np.ndarray:
