@@ -1,52 +1,73 @@
-"""Loader throughput: FreeScale's SequenceLoader vs Ray Data vs raw pyarrow, same Parquet data, one run.
+"""Loader throughput and CPU cost: SequenceLoader vs Ray Data (two ways) vs one-thread pyarrow (issue 16).
 
-Run (from the repository root; about 15 minutes at the default 1M rows, most of it Ray Data, plus about 3
-minutes the first time to write the synthetic set):
+All four read the same Parquet data in one run, on long and on short histories.
+
+Run (from the repository root, on a quiet machine; the synthetic sets are written on the first run and cached):
 
     NUMBA_CACHE_DIR=/tmp/numba-cache RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 .venv/bin/python bench/loader.py \\
-        | tee /tmp/bench_loader.txt
+        --json-out /tmp/bench_loader.json | tee /tmp/bench_loader.txt
 
-Datasets, both in the data contract (design §3) and both read by all three contenders:
+``--quick`` (10,000 long and 50,000 short rows, one timed pass, no wait for a quiet machine) is for checking the
+bench, not for figures; ``--long-rows``, ``--short-rows``, ``--datasets``, ``--contenders`` narrow it further.
 
-- ``synth``: ``loader.synth.write_synthetic(users=--rows, lengths="lognormal", max_len=21000, seed=0)``
-  (median 300 events, sigma 1.2: heavy-tailed, ~615 events per row on average), cached under
-  ``out/bench-data/`` (git-ignored) and reused while its parameters match.
-- ``movielens``: the bundled ml-latest-small ratings converted with ``loader.convert.convert_events``
-  (610 rows, 100,836 events).
+Datasets, in the data contract (design §3), read by every contender; the synthetic ones are written with
+``loader.synth.write_synthetic(users=N, lengths="lognormal", median=..., max_len=21000, seed=0)`` (log-scale sigma
+1.2) and cached under ``--data-dir`` (default ``out/bench-data/``, git-ignored) while their parameters match:
 
-Contenders, in this order per dataset, all in this process, Ray started once (``--num-cpus`` CPUs, local):
+- ``long``: ``--long-rows`` (default 120,000) histories of median 400 events, heavy tail (~820 per row on average).
+- ``short``: ``--short-rows`` (default 1,500,000) histories of median 15 events (~31 per row on average).
+- ``movielens`` (optional, not in the default ``--datasets``): the bundled ml-latest-small ratings converted with
+  ``loader.convert.convert_events`` (610 rows, 100,836 events); five steps, so it measures start-up.
 
-1. ``floor``: ``pyarrow.parquet.ParquetFile(f).iter_batches(batch_size=G, columns=...)`` over the files, each
-   list column decoded to numpy values + int64 offsets. Runs in the driver (pyarrow may use its own threads).
-2. ``raydata`` (the anchor): ``ray.data.read_parquet(dir).select_columns(...)``
+Contenders, in this order per dataset, all in this process, Ray started once (``--num-cpus`` CPUs, local). G =
+``--samples-per-step`` (1024; MovieLens 128), R = ``--ranks`` (8), M = ``--microbatches`` (4). Every one turns
+each batch into the same jagged torch tensors (user ids, and per list column values + int64 offsets):
+
+1. ``floor``: one thread, ``pyarrow.parquet.ParquetFile(f).iter_batches(batch_size=G, columns=...,
+   use_threads=False)`` over the files in the driver, pyarrow's CPU pool set to 1 thread for the pass: the
+   one-thread decode floor.
+2. ``raydata`` (anchor): ``ray.data.read_parquet(dir).select_columns(...)``
    ``.iter_torch_batches(batch_size=G, collate_fn=JaggedCollate(), prefetch_batches=--ray-prefetch)``; the
-   collate is an ``ArrowBatchCollateFn`` (Ray's recommended fast path) giving values + offsets tensors.
-3. ``ours``: ``loader.SequenceLoader(dir, ranks=R, microbatches=M, samples_per_step=G, backend="ray",
-   seed=0)``; every rank's ``iter_rank(rank)`` drained by its own thread. Rows = ``len(mb.user_ids)``,
+   collate is an ``ArrowBatchCollateFn`` (Ray's fast path, no pandas or numpy dict in between).
+3. ``raysplit`` (second anchor, what Ray Train gives its workers): the same dataset
+   ``.streaming_split(R, equal=True)``, each split drained by its own thread through ``iter_torch_batches(
+   batch_size=G // R, ...)`` with the same collate: Ray Train's ``batch_size`` is per worker, so G // R per
+   worker makes the same global batch of G as ours. ``equal=True`` (Ray Train's default) drops the last
+   ``rows % R`` rows; the check allows exactly that.
+4. ``ours``: ``loader.SequenceLoader(dir, ranks=R, microbatches=M, samples_per_step=G, backend="ray", seed=0)``
+   on the running Ray; every rank's ``iter_rank(rank)`` drained by its own thread. Rows = ``len(mb.user_ids)``,
    tokens = ``len(mb.item_ids)``; planner ms/step from ``loader.stats()``. Reported as not available when
    ``loader.SequenceLoader`` cannot be imported.
 
-Every contender decodes the same columns (``--columns all``: user id and every list column; ``items``: user
-id and item ids only) and must deliver every row and token of the dataset (checked; a mismatch is reported).
+Every contender decodes the same columns (``--columns all``: user id and every list column; ``items``: user id and
+item ids only) and must deliver every row and token of the dataset (checked; a mismatch is reported).
 
-Timing: per contender and dataset, one untimed warm-up pass (starts Ray workers, warms the page cache and
-imports), then ``--repeats`` timed passes (MovieLens: at least 5); the table shows the best (fastest) pass,
-the JSON keeps all. A pass runs from constructing the reader/dataset/loader to the last batch; closing the
-loader is not timed.
+Timing: per contender and dataset, ``--warmups`` untimed passes (default 1: starts Ray workers, warms the page
+cache and imports), then ``--repeats`` timed passes (default 2; MovieLens at least 5); the table shows the best
+(fastest) pass, the JSON keeps all. A pass runs from constructing the reader/dataset/loader (Ray already running)
+to the last batch; closing the loader is neither timed nor counted in CPU. ``1st s`` = time to first batch: until
+every consumer (each rank, each split) holds its first batch, when a lockstep step 1 could start.
 
-Memory: a sampler thread reads ``/proc/<pid>/status`` every 0.2 s for this process and all its descendants
-(Ray's GCS, raylet, workers and actors are all started by this process). ``mem`` = sum of RssAnon (private
-memory) + the largest RssShmem of any one process (Ray's shared-memory object store, counted once); ``RSS`` =
-sum of VmRSS (shared pages and libraries counted once per process: an upper bound). Reported: the peak of each
-during the timed passes, and ``mem`` when the pass started (idle Ray workers left over from earlier contenders
-are included in both). It also sums CPU time
-(utime + stime) of the tree and of the whole machine: ``foreign CPU`` is machine busy time not spent by this
-process tree during the pass (other users' jobs: a noise warning). The machine may be shared, so before each
-timed pass the bench waits (up to ``--quiet-wait`` s) until other processes use under ``--quiet-cores`` CPUs.
+CPU: utime + stime of this process and all its descendants (Ray's GCS, raylet, workers and actors, idle ones
+included) over the pass; ``CPU s/Mrow`` = CPU-seconds per million delivered rows, ``cores`` = CPU s / wall s (the
+floor's is about 1: one thread). ``foreign`` is machine busy time not spent by this process tree during the pass
+(other users' jobs: a noise warning); before each timed pass the bench waits (up to ``--quiet-wait`` s) until
+other processes use under ``--quiet-cores`` CPUs.
 
-Targets (issue 3): ours >= 3x Ray Data's rows/s on the same cores; ours >= 50% of the raw decode rate.
+Memory: a sampler thread reads ``/proc/<pid>/status`` every 0.2 s for the same tree. ``mem`` = sum of RssAnon
+(private memory) + the largest RssShmem of any one process (Ray's shared-memory object store, counted once);
+``RSS`` = sum of VmRSS (shared pages counted once per process: an upper bound). Reported: the peak of each during
+the timed passes, and ``mem`` when the pass started (idle Ray workers left by earlier contenders included).
 
-Prints a human table as it goes, then the targets with PASS/FAIL, and last one JSON line.
+Targets (issue 16; they supersede issue 3's 3x Ray Data), on ``long`` and ``short``, same run:
+
+- ours >= 1.0x ``raydata``'s rows/s, and ours' CPU-s per row <= 0.8x ``raydata``'s; the same two against
+  ``raysplit``, the second anchor;
+- time to ours' first batch <= 1.0 s;
+- goal beyond that: ours >= 0.6x the ``floor``'s rows/s (balancing must cost little next to decoding).
+
+MovieLens gets the same ratios, for information only. Prints a human table per dataset as it goes, then the
+targets with PASS/FAIL, and last one JSON line.
 """
 
 from __future__ import annotations
@@ -57,10 +78,12 @@ import logging
 import math
 import os
 import platform
+import shutil
 import sys
 import tempfile
 import threading
 import time
+import warnings
 from pathlib import Path
 
 # `python bench/loader.py` puts bench/ first on sys.path, where this file would shadow the `loader` package (and
@@ -78,54 +101,58 @@ from freescale.provenance import git_provenance
 REPO = Path(__file__).resolve().parents[1]
 DATA_ROOT = REPO / "out" / "bench-data"
 MAX_LEN = 21_000
-DEFAULT_ROWS = 1_000_000
-QUICK_ROWS = 20_000
+# name -> lognormal median, default rows, --quick rows
+SHAPES = {"long": (400, 120_000, 10_000), "short": (15, 1_500_000, 50_000)}
+DATASETS = (*SHAPES, "movielens")
 MOVIELENS_G = 128  # 610 rows: 5 steps
-TARGET_VS_RAYDATA, TARGET_VS_FLOOR = 3.0, 0.5
-CONTENDERS = ("floor", "raydata", "ours")
+CONTENDERS = ("floor", "raydata", "raysplit", "ours")
+ANCHORS = ("raydata", "raysplit")
+TARGET_ROWS_VS_ANCHOR, TARGET_CPU_VS_ANCHOR, GOAL_ROWS_VS_FLOOR, TARGET_FIRST_BATCH_S = 1.0, 0.8, 0.6, 1.0
 SAMPLE_INTERVAL_S = 0.2
-PAGE = os.sysconf("SC_PAGE_SIZE")
 TICK = os.sysconf("SC_CLK_TCK")
+# Batches are read-only views of Arrow buffers, as in Ray's own collate; torch warns once about each of them.
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 
 
 # ---------------------------------------------------------------- data
 
 
-def synth_dataset(rows: int, *, seed: int = 0) -> dict:
-    """The heavy-tailed synthetic set under ``out/bench-data/``; written once, reused while params match."""
+def synth_dataset(name: str, rows: int, root: Path, *, seed: int = 0) -> dict:
+    """Lognormal histories of shape ``name`` (``SHAPES``) under ``root``; written once, reused while params match."""
     from loader.synth import write_synthetic
 
-    params = {"users": rows, "lengths": "lognormal", "max_len": MAX_LEN, "seed": seed}
-    out = DATA_ROOT / f"synth-lognormal-u{rows}-len{MAX_LEN}-seed{seed}"
+    median = SHAPES[name][0]
+    params = {"users": rows, "lengths": "lognormal", "median": median, "max_len": MAX_LEN, "seed": seed}
+    out = root / f"synth-lognormal-median{median}-u{rows}-len{MAX_LEN}-seed{seed}"
     meta = out / "bench-params.json"
     if meta.exists() and json.loads(meta.read_text()).get("params") == params and list(out.glob("part-*.parquet")):
         summary = json.loads(meta.read_text())["summary"]
-        print(f"synth: reusing {out.relative_to(REPO)} ({summary['users']:,} rows, {summary['tokens']:,} events)",
+        print(f"{name}: reusing {out} ({summary['users']:,} rows, {summary['tokens']:,} events)", flush=True)
+        generated = None
+    else:
+        print(f"{name}: writing {rows:,} lognormal histories (median {median}, max_len {MAX_LEN}) to {out} ...",
               flush=True)
-        return {"name": "synth", "path": str(out), "rows": summary["users"], "tokens": summary["tokens"],
-                "generated_s": None, "params": params}
-    print(f"synth: writing {rows:,} lognormal histories (max_len {MAX_LEN}) to {out.relative_to(REPO)} ...",
-          flush=True)
-    summary = write_synthetic(out, overwrite=True, **params)
-    summary = {k: v for k, v in summary.items() if k != "paths"}
-    meta.write_text(json.dumps({"params": params, "summary": summary}))
-    print(f"synth: {summary['users']:,} rows, {summary['tokens']:,} events, {summary['files']} files, "
-          f"{summary['row_groups']} row groups in {summary['seconds']:.1f} s", flush=True)
-    return {"name": "synth", "path": str(out), "rows": summary["users"], "tokens": summary["tokens"],
-            "generated_s": summary["seconds"], "params": params}
+        summary = write_synthetic(out, overwrite=True, **params)
+        summary = {k: v for k, v in summary.items() if k != "paths"}
+        meta.write_text(json.dumps({"params": params, "summary": summary}))
+        print(f"{name}: {summary['users']:,} rows, {summary['tokens']:,} events, {summary['files']} files, "
+              f"{summary['row_groups']} row groups in {summary['seconds']:.1f} s", flush=True)
+        generated = summary["seconds"]
+    return {"name": name, "path": str(out), "rows": summary["users"], "tokens": summary["tokens"],
+            "generated_s": generated, "params": params}
 
 
-def movielens_dataset() -> dict:
+def movielens_dataset(root: Path) -> dict:
     """The bundled MovieLens sample in the data contract (converted afresh: it takes well under a second)."""
     from loader.convert import convert_events
     from loader.sample_data import movielens_ratings_path
 
-    out = DATA_ROOT / "movielens"
+    out = root / "movielens"
     summary = convert_events(movielens_ratings_path(), out, user_col="userId", item_col="movieId",
                              time_col="timestamp", feature_cols=("rating",), overwrite=True)
-    tokens = sum(pq.ParquetFile(p).read(columns=["item_ids"]).column(0).combine_chunks().values.__len__()
+    tokens = sum(len(pq.ParquetFile(p).read(columns=["item_ids"]).column(0).combine_chunks().values)
                  for p in sorted(out.glob("part-*.parquet")))
-    print(f"movielens: {summary['users']:,} rows, {tokens:,} events in {out.relative_to(REPO)}", flush=True)
+    print(f"movielens: {summary['users']:,} rows, {tokens:,} events in {out}", flush=True)
     return {"name": "movielens", "path": str(out), "rows": summary["users"], "tokens": tokens,
             "generated_s": summary["seconds"], "params": {"source": "loader/sample_data/ml-latest-small"}}
 
@@ -144,6 +171,17 @@ def jagged(col) -> tuple[np.ndarray, np.ndarray]:
     np.cumsum(lengths, out=offsets[1:])
     values = pc.list_flatten(col).to_numpy()  # (T,); a ChunkedArray's chunks are concatenated
     return values, offsets
+
+
+def to_torch(batch, lists: list[str]) -> dict:
+    """A pyarrow Table or RecordBatch -> {"user_ids": (n,), col: values (T,), col + "_offsets": (n + 1,)} tensors."""
+    import torch
+
+    out = {"user_ids": torch.from_numpy(batch.column("user_id").to_numpy())}
+    for name in lists:
+        values, offsets = jagged(batch.column(name))
+        out[name], out[name + "_offsets"] = torch.from_numpy(values), torch.from_numpy(offsets)
+    return out
 
 
 # ---------------------------------------------------------------- measurement
@@ -284,32 +322,77 @@ class TreeMonitor:
 # ---------------------------------------------------------------- contenders
 
 
+def drain(sources: list, size, clock: dict) -> list[list[int]]:
+    """Drain every source (a callable giving an iterator of batches): one alone in this thread, several each on
+    its own thread, as trainer ranks would. ``size(batch)`` gives (rows, tokens).
+
+    Returns [rows, tokens, batches] per source; sets ``clock["first"][i]`` when source ``i`` gives its first
+    batch and ``clock["end"]`` when all are drained.
+    """
+    counts = [[0, 0, 0] for _ in sources]
+    firsts = clock.setdefault("first", {})
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        count = counts[i]
+        try:
+            for batch in sources[i]():
+                firsts.setdefault(i, time.perf_counter())
+                rows, tokens = size(batch)
+                count[0] += rows
+                count[1] += tokens
+                count[2] += 1
+        except BaseException as exc:  # printed at once: a run that never ends still says why
+            print(f"consumer {i} of {len(sources)} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+            errors.append(exc)  # raised below, once every thread has stopped
+
+    if len(sources) == 1:
+        run(0)
+    else:
+        threads = [threading.Thread(target=run, args=(i,), name=f"consumer-{i}") for i in range(len(sources))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    clock["end"] = time.perf_counter()
+    if errors:
+        raise errors[0]
+    return counts
+
+
+def totals(counts: list[list[int]]) -> dict:
+    return {"rows": sum(c[0] for c in counts), "tokens": sum(c[1] for c in counts), "consumers": len(counts)}
+
+
+def tensor_size(batch: dict) -> tuple[int, int]:
+    return len(batch["user_ids"]), len(batch["item_ids"])
+
+
 def run_floor(ds: dict, cols: list[str], cfg: dict, clock: dict) -> dict:
-    """Raw pyarrow decode: what any loader must at least do."""
-    rows = tokens = 0
-    for path in sorted(Path(ds["path"]).glob("part-*.parquet")):
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=cfg["G"], columns=cols):
-            clock.setdefault("first", time.perf_counter())
-            user_ids = batch.column(0).to_numpy()  # (n,)
-            decoded = [jagged(batch.column(c)) for c in cols[1:]]
-            rows += len(user_ids)
-            tokens += len(decoded[0][0])  # cols[1] is item_ids
-    return {"rows": rows, "tokens": tokens}
+    """One thread decoding with pyarrow (``use_threads=False``, its CPU pool at 1 thread): what any loader must do."""
+    paths = sorted(Path(ds["path"]).glob("part-*.parquet"))
+
+    def batches():
+        for path in paths:
+            for batch in pq.ParquetFile(path).iter_batches(batch_size=cfg["G"], columns=cols, use_threads=False):
+                yield to_torch(batch, cols[1:])
+
+    pool = pa.cpu_count()
+    pa.set_cpu_count(1)
+    try:
+        return totals(drain([batches], tensor_size, clock))
+    finally:
+        pa.set_cpu_count(pool)
 
 
 def make_collate(lists: list[str]):
-    import torch
     from ray.data.collate_fn import ArrowBatchCollateFn
 
     class JaggedCollate(ArrowBatchCollateFn):
-        """pyarrow.Table batch -> {"user_ids": (n,), col: values (T,), col + "_offsets": (n + 1,)} tensors."""
+        """pyarrow.Table batch -> the jagged tensors of ``to_torch``."""
 
         def __call__(self, batch: pa.Table) -> dict:
-            out = {"user_ids": torch.from_numpy(batch.column("user_id").to_numpy())}
-            for name in lists:
-                values, offsets = jagged(batch.column(name))
-                out[name], out[name + "_offsets"] = torch.from_numpy(values), torch.from_numpy(offsets)
-            return out
+            return to_torch(batch, lists)
 
     return JaggedCollate()
 
@@ -317,14 +400,28 @@ def make_collate(lists: list[str]):
 def run_raydata(ds: dict, cols: list[str], cfg: dict, clock: dict) -> dict:
     import ray
 
-    rows = tokens = 0
     dataset = ray.data.read_parquet(ds["path"]).select_columns(cols)
-    for batch in dataset.iter_torch_batches(batch_size=cfg["G"], collate_fn=make_collate(cols[1:]),
-                                            prefetch_batches=cfg["ray_prefetch"]):
-        clock.setdefault("first", time.perf_counter())
-        rows += len(batch["user_ids"])
-        tokens += len(batch["item_ids"])
-    return {"rows": rows, "tokens": tokens}
+
+    def batches():
+        return dataset.iter_torch_batches(batch_size=cfg["G"], collate_fn=make_collate(cols[1:]),
+                                          prefetch_batches=cfg["ray_prefetch"])
+
+    return totals(drain([batches], tensor_size, clock))
+
+
+def run_raysplit(ds: dict, cols: list[str], cfg: dict, clock: dict) -> dict:
+    """Ray Train's feed: ``streaming_split(R, equal=True)``, each split drained by its own thread, G // R per batch."""
+    import ray
+
+    splits = ray.data.read_parquet(ds["path"]).select_columns(cols).streaming_split(cfg["R"], equal=True)
+    per_split = cfg["G"] // cfg["R"]
+
+    def source(split):
+        return lambda: split.iter_torch_batches(batch_size=per_split, collate_fn=make_collate(cols[1:]),
+                                                prefetch_batches=cfg["ray_prefetch"])
+
+    counts = drain([source(s) for s in splits], tensor_size, clock)
+    return {**totals(counts), "batch_size_per_split": per_split, "rows_per_split": [c[0] for c in counts]}
 
 
 def ours_available() -> tuple[bool, str]:
@@ -336,6 +433,7 @@ def ours_available() -> tuple[bool, str]:
 
 
 def run_ours(ds: dict, cols: list[str], cfg: dict, clock: dict) -> dict:
+    """SequenceLoader on the running Ray, every rank drained by its own thread; ``teardown`` closes it."""
     from loader import SequenceLoader
 
     R = cfg["R"]
@@ -344,39 +442,26 @@ def run_ours(ds: dict, cols: list[str], cfg: dict, clock: dict) -> dict:
         from loader.schema import Columns
 
         kwargs["columns"] = Columns(timestamps=None)
-    counts = [[0, 0, 0] for _ in range(R)]  # per rank: rows, tokens, microbatches
-    errors: list[BaseException] = []
-    with SequenceLoader(ds["path"], **kwargs) as sl:
-        def drain(rank: int) -> None:
-            try:
-                for mb in sl.iter_rank(rank):
-                    if "first" not in clock:
-                        clock["first"] = time.perf_counter()
-                        clock["delivered"] = ["user_ids", "item_ids"] + ["timestamps"] * (
-                            getattr(mb, "timestamps", None) is not None) + list(getattr(mb, "features", {}) or {})
-                    c = counts[rank]
-                    c[0] += len(mb.user_ids)
-                    c[1] += len(mb.item_ids)
-                    c[2] += 1
-            except BaseException as exc:  # printed at once: a run that never ends still says why
-                print(f"ours: rank {rank} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-                errors.append(exc)  # raised below, once every thread has stopped
+    fields: dict = {}
 
-        threads = [threading.Thread(target=drain, args=(r,), name=f"rank-{r}") for r in range(R)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        clock["end"] = time.perf_counter()  # before close(): teardown is not timed
-        if errors:
-            raise errors[0]
+    def size(mb) -> tuple[int, int]:
+        if not fields:  # what ours hands a trainer, to compare with the columns the others decode
+            fields["delivered"] = ["user_ids", "item_ids"] + ["timestamps"] * (
+                getattr(mb, "timestamps", None) is not None) + list(getattr(mb, "features", {}) or {})
+        return len(mb.user_ids), len(mb.item_ids)
+
+    sl = SequenceLoader(ds["path"], **kwargs)
+    try:
+        counts = drain([lambda r=r: sl.iter_rank(r) for r in range(R)], size, clock)
         stats = sl.stats()
-    steps = math.ceil(ds["rows"] / cfg["G"])
+    except BaseException:
+        sl.close()
+        raise
     per_rank_mbs = [c[2] for c in counts]
-    return {"rows": sum(c[0] for c in counts), "tokens": sum(c[1] for c in counts), "stats": stats,
-            "delivered_fields": clock.get("delivered"),
-            "planner_ms_per_step": planner_ms_per_step(stats, steps), "microbatches_per_rank": per_rank_mbs,
-            "equal_microbatches": len(set(per_rank_mbs)) == 1}
+    return {**totals(counts), "stats": stats, "delivered_fields": fields.get("delivered"),
+            "planner_ms_per_step": planner_ms_per_step(stats, math.ceil(ds["rows"] / cfg["G"])),
+            "microbatches_per_rank": per_rank_mbs, "equal_microbatches": len(set(per_rank_mbs)) == 1,
+            "teardown": sl.close}
 
 
 def planner_ms_per_step(stats, steps: int) -> float | None:
@@ -408,44 +493,66 @@ def planner_ms_per_step(stats, steps: int) -> float | None:
     return None
 
 
-RUNNERS = {"floor": run_floor, "raydata": run_raydata, "ours": run_ours}
+RUNNERS = {"floor": run_floor, "raydata": run_raydata, "raysplit": run_raysplit, "ours": run_ours}
 
 
-def measure(name: str, ds: dict, cols: list[str], cfg: dict, repeats: int) -> dict:
-    """One untimed warm-up pass, then ``repeats`` timed passes under the tree monitor; best pass first."""
+def expected_rows(name: str, ds: dict, cfg: dict) -> int:
+    """Rows a contender must deliver: all, but ``streaming_split(equal=True)`` drops the last ``rows % R``."""
+    return ds["rows"] - ds["rows"] % cfg["R"] if name == "raysplit" else ds["rows"]
+
+
+def one_pass(runner, ds: dict, cols: list[str], cfg: dict) -> dict:
+    """One timed pass under the tree monitor; the contender's teardown runs after it, untimed."""
+    clock: dict = {}
+    quiet = wait_quiet(cfg["quiet_wait"], cfg["quiet_cores"]) if cfg["quiet_wait"] > 0 else None
+    with TreeMonitor() as mon:
+        start = time.perf_counter()
+        out = runner(ds, cols, cfg, clock)
+    teardown = out.pop("teardown", None)
+    if teardown is not None:
+        teardown()
+    wall = clock["end"] - start
+    firsts = sorted(clock["first"].values())
+    consumers = out.pop("consumers")
+    p = {**out, "wall_s": wall, "rows_per_s": out["rows"] / wall, "tokens_per_s": out["tokens"] / wall,
+         "first_batch_s": firsts[-1] - start if len(firsts) == consumers else None,
+         "first_any_batch_s": firsts[0] - start if firsts else None, "consumers": consumers, **mon.result(),
+         "quiet_before": quiet}
+    p["cores"] = p["cpu_s"] / wall
+    p["cpu_s_per_row"] = p["cpu_s"] / out["rows"] if out["rows"] else None
+    p["cpu_s_per_mrow"] = p["cpu_s_per_row"] * 1e6 if out["rows"] else None
+    return p
+
+
+def measure(name: str, ds: dict, cols: list[str], cfg: dict, warmups: int, repeats: int) -> dict:
+    """``warmups`` untimed passes, then ``repeats`` timed ones; the fastest pass's figures, every wall and CPU."""
     runner = RUNNERS[name]
-    runner(ds, cols, cfg, {})  # warm-up
-    passes = []
-    for _ in range(repeats):
-        clock: dict = {}
-        quiet = wait_quiet(cfg["quiet_wait"], cfg["quiet_cores"]) if cfg["quiet_wait"] > 0 else None
-        with TreeMonitor() as mon:
-            start = time.perf_counter()
-            out = runner(ds, cols, cfg, clock)
-            end = clock.get("end", time.perf_counter())
-        wall = end - start
-        p = {"wall_s": wall, "rows": out["rows"], "tokens": out["tokens"], "rows_per_s": out["rows"] / wall,
-             "tokens_per_s": out["tokens"] / wall, "first_batch_s": clock.get("first", end) - start, **mon.result(),
-             "quiet_before": quiet}
-        for key in ("planner_ms_per_step", "microbatches_per_rank", "equal_microbatches", "stats", "delivered_fields"):
-            if key in out:
-                p[key] = out[key]
-        passes.append(p)
+    for _ in range(warmups):
+        teardown = runner(ds, cols, cfg, {}).get("teardown")
+        if teardown is not None:
+            teardown()
+    passes = [one_pass(runner, ds, cols, cfg) for _ in range(repeats)]
     best = min(passes, key=lambda q: q["wall_s"])
-    row = {"dataset": ds["name"], "contender": name, "available": True, "error": None, **best,
-           "peak_mem_mib": max(q["peak_mem_mib"] for q in passes),
-           "peak_rss_mib": max(q["peak_rss_mib"] for q in passes),
-           "runs": f"best of {repeats} after 1 warm-up pass", "all_walls_s": [q["wall_s"] for q in passes],
-           "all_foreign_cpu_s": [q["foreign_cpu_s"] for q in passes],
-           "complete": best["rows"] == ds["rows"] and best["tokens"] == ds["tokens"]}
-    return row
+    want = expected_rows(name, ds, cfg)
+    tokens_ok = best["tokens"] == ds["tokens"] if want == ds["rows"] else best["tokens"] < ds["tokens"]
+    return {"dataset": ds["name"], "contender": name, "available": True, "error": None, **best,
+            "peak_mem_mib": max(q["peak_mem_mib"] for q in passes),
+            "peak_rss_mib": max(q["peak_rss_mib"] for q in passes),
+            "runs": f"best of {repeats} after {warmups} warm-up pass(es)", "all_walls_s": [q["wall_s"] for q in passes],
+            "all_cpu_s": [q["cpu_s"] for q in passes], "all_foreign_cpu_s": [q["foreign_cpu_s"] for q in passes],
+            "dropped_rows": ds["rows"] - want, "complete": best["rows"] == want and tokens_ok}
 
 
 # ---------------------------------------------------------------- report
 
 
-HEADER = (f"{'dataset':>9} {'contender':>9} {'rows/s':>10} {'Mtok/s':>8} {'wall s':>8} {'1st s':>6} "
-          f"{'plan ms/st':>10} {'mem MiB':>8} {'(start)':>8} {'RSS MiB':>8} {'CPU s':>7} {'foreign':>7}  check")
+HEADER = (f"{'dataset':>9} {'contender':>9} {'rows/s':>10} {'Mtok/s':>7} {'wall s':>7} {'1st s':>6} {'CPU s':>7} "
+          f"{'cores':>5} {'CPU s/Mrow':>10} {'plan ms/st':>10} {'mem MiB':>8} {'(start)':>8} {'RSS MiB':>8} "
+          f"{'foreign':>7}  check")
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
 
 
 def print_row(row: dict) -> None:
@@ -454,42 +561,69 @@ def print_row(row: dict) -> None:
         print(f"{row['dataset']:>9} {row['contender']:>9}  {'NOT AVAILABLE' if not row['available'] else 'ERROR'}: "
               f"{why}", flush=True)
         return
-    plan = row.get("planner_ms_per_step")
-    plan_s = "-" if plan is None else f"{plan:.2f}"
     check = "ok" if row["complete"] else f"MISMATCH rows {row['rows']} tokens {row['tokens']}"
+    if row["dropped_rows"]:
+        check += f" (equal split drops the last {row['dropped_rows']} rows)"
     if row.get("equal_microbatches") is False:
         check += f"; UNEQUAL microbatches per rank {row['microbatches_per_rank']}"
-    print(f"{row['dataset']:>9} {row['contender']:>9} {row['rows_per_s']:10.0f} {row['tokens_per_s'] / 1e6:8.2f} "
-          f"{row['wall_s']:8.2f} {row['first_batch_s']:6.2f} {plan_s:>10} {row['peak_mem_mib']:8.0f} "
-          f"{row['start_mem_mib']:8.0f} {row['peak_rss_mib']:8.0f} {row['cpu_s']:7.1f} {row['foreign_cpu_s']:7.1f}  "
-          f"{check}", flush=True)
+    print(f"{row['dataset']:>9} {row['contender']:>9} {row['rows_per_s']:10.0f} {row['tokens_per_s'] / 1e6:7.2f} "
+          f"{row['wall_s']:7.2f} {_fmt(row['first_batch_s'], '6.2f'):>6} {row['cpu_s']:7.1f} {row['cores']:5.2f} "
+          f"{_fmt(row['cpu_s_per_mrow'], '10.1f'):>10} {_fmt(row.get('planner_ms_per_step'), '.2f'):>10} "
+          f"{row['peak_mem_mib']:8.0f} {row['start_mem_mib']:8.0f} {row['peak_rss_mib']:8.0f} "
+          f"{row['foreign_cpu_s']:7.1f}  {check}", flush=True)
+
+
+def checks() -> list[tuple[str, str, str, str | None, float, str]]:
+    """Issue 16's checks: (key, label, contender, against (None: an absolute figure), bound, kind)."""
+    out = []
+    for anchor in ANCHORS:
+        out += [(f"ours_vs_{anchor}_rows_per_s", f"ours / {anchor} rows/s", "rows_per_s", anchor,
+                 TARGET_ROWS_VS_ANCHOR, "target"),
+                (f"ours_vs_{anchor}_cpu_per_row", f"ours / {anchor} CPU-s per row", "cpu_s_per_row", anchor,
+                 TARGET_CPU_VS_ANCHOR, "target")]
+    return out + [("ours_first_batch_s", "ours first batch", "first_batch_s", None, TARGET_FIRST_BATCH_S, "target"),
+                  ("ours_vs_floor_rows_per_s", "ours / floor rows/s", "rows_per_s", "floor", GOAL_ROWS_VS_FLOOR,
+                   "goal")]
 
 
 def verdicts(rows: list[dict], datasets: list[dict]) -> dict:
-    out = {}
-    print("\n== targets (rows/s, best pass of each)", flush=True)
+    """PASS/FAIL of every check on ``long`` and ``short``; the same figures for information elsewhere."""
+    out: dict = {"datasets": {}}
+    print("\n== targets (issue 16; best pass of each; CPU-s per row of the whole process tree)", flush=True)
     for ds in datasets:
-        got = {r["contender"]: r for r in rows if r["dataset"] == ds["name"] and r["available"] and not r["error"]}
-        ours, rd, fl = got.get("ours"), got.get("raydata"), got.get("floor")
+        mine = {r["contender"]: r for r in rows if r["dataset"] == ds["name"]}
+        got = {name: r for name, r in mine.items() if r["available"] and not r["error"]}
+        ours = got.get("ours")
+        ours_missing = ("N/A (ours not run)" if "ours" not in mine else "PENDING (ours not available)"
+                        if not mine["ours"]["available"] else "ERROR (ours failed)")
         entry: dict = {}
-        for key, rival, target, label in (("vs_raydata", rd, TARGET_VS_RAYDATA, "Ray Data"),
-                                           ("vs_floor", fl, TARGET_VS_FLOOR, "raw decode")):
-            if ours is None or rival is None:
-                entry[key] = {"verdict": "PENDING" if ours is None else "N/A", "ratio": None, "target": target}
-                print(f"{ds['name']}: ours / {label} rows/s: "
-                      f"{'PENDING (ours not available)' if ours is None else 'N/A (' + label + ' missing)'}",
-                      flush=True)
+        for key, label, field, against, bound, kind in checks():
+            lower_is_better = field != "rows_per_s"
+            op, unit = ("<=" if lower_is_better else ">="), ("x" if against else " s")
+            rival = got.get(against) if against else {field: 1.0}
+            if ours is None or rival is None or ours.get(field) is None or not rival.get(field):
+                why = ours_missing if ours is None else f"N/A ({against or 'figure'} missing)"
+                entry[key] = {"value": None, "bound": bound, "op": op, "kind": kind, "verdict": why.split()[0]}
+                print(f"{ds['name']}: {label}: {why}", flush=True)
                 continue
-            ratio = ours["rows_per_s"] / rival["rows_per_s"]
-            tok_ratio = ours["tokens_per_s"] / rival["tokens_per_s"]
-            verdict = "PASS" if ratio >= target else "FAIL"
-            entry[key] = {"verdict": verdict, "ratio": ratio, "tokens_ratio": tok_ratio, "target": target}
-            print(f"{ds['name']}: ours / {label} rows/s = {ratio:.2f}x (target >= {target:g}x): {verdict}"
-                  f"  [tokens/s ratio {tok_ratio:.2f}x]", flush=True)
-        if rd and fl:
-            entry["raydata_vs_floor"] = rd["rows_per_s"] / fl["rows_per_s"]
-            print(f"{ds['name']}: (Ray Data / raw decode rows/s = {entry['raydata_vs_floor']:.2f}x)", flush=True)
-        out[ds["name"]] = entry
+            value = ours[field] / rival[field]
+            passed = value <= bound if lower_is_better else value >= bound
+            verdict = ("PASS" if passed else "FAIL") if ds["name"] in SHAPES else "INFO"
+            entry[key] = {"value": value, "bound": bound, "op": op, "kind": kind, "verdict": verdict}
+            print(f"{ds['name']}: {label} = {value:.2f}{unit} ({kind} {op} {bound:.1f}{unit}): {verdict}", flush=True)
+        floor = got.get("floor")
+        for anchor in ANCHORS:
+            if anchor in got and floor:
+                entry[f"{anchor}_vs_floor_rows_per_s"] = got[anchor]["rows_per_s"] / floor["rows_per_s"]
+                print(f"{ds['name']}: ({anchor} / floor rows/s = {entry[f'{anchor}_vs_floor_rows_per_s']:.2f}x)",
+                      flush=True)
+        out["datasets"][ds["name"]] = entry
+    graded = [(c["kind"], c["verdict"]) for name, e in out["datasets"].items() if name in SHAPES
+              for c in e.values() if isinstance(c, dict)]
+    for kind in ("target", "goal"):
+        verdicts_of_kind = [v for k, v in graded if k == kind]
+        out[f"all_{kind}s_pass"] = bool(verdicts_of_kind) and all(v == "PASS" for v in verdicts_of_kind)
+        print(f"{kind}s: {verdicts_of_kind.count('PASS')} of {len(verdicts_of_kind)} PASS", flush=True)
     return out
 
 
@@ -507,90 +641,117 @@ def machine() -> dict:
             "ray": ray.__version__, "torch": torch.__version__, "loadavg_start": Path("/proc/loadavg").read_text().split()[:3]}
 
 
-def main(argv=None) -> dict:
+def parse_args(argv) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rows", type=int, default=None, help=f"synthetic rows (default {DEFAULT_ROWS:,}; --quick "
-                    f"{QUICK_ROWS:,})")
-    ap.add_argument("--ranks", type=int, default=8, help="R (default 8)")
+    for name, (median, rows, quick) in SHAPES.items():
+        ap.add_argument(f"--{name}-rows", type=int, default=None,
+                        help=f"rows of the {name} set, median {median} events (default {rows:,}; --quick {quick:,})")
+    ap.add_argument("--data-dir", type=Path, default=DATA_ROOT, help="where the datasets are written and cached "
+                    f"(default {DATA_ROOT.relative_to(REPO)})")
+    ap.add_argument("--ranks", type=int, default=8, help="R: ours' ranks, raysplit's splits (default 8)")
     ap.add_argument("--microbatches", type=int, default=4, help="M (default 4)")
-    ap.add_argument("--samples-per-step", type=int, default=1024,
-                    help=f"G, also the batch size of floor and Ray Data (default 1024; MovieLens uses {MOVIELENS_G})")
+    ap.add_argument("--samples-per-step", type=int, default=1024, help="G: ours' global batch, floor's and raydata's "
+                    f"batch size, R x raysplit's (default 1024; MovieLens uses {MOVIELENS_G})")
     ap.add_argument("--num-cpus", type=int, default=os.cpu_count(), help="CPUs given to Ray (default: all)")
-    ap.add_argument("--repeats", type=int, default=2, help="timed passes per contender after the warm-up "
+    ap.add_argument("--warmups", type=int, default=1, help="untimed passes per contender first (default 1)")
+    ap.add_argument("--repeats", type=int, default=None, help="timed passes per contender after the warm-up "
                     "(default 2; MovieLens at least 5; --quick 1)")
     ap.add_argument("--columns", choices=("all", "items"), default="all",
                     help="decode user id + every list column (all) or user id + item ids (items)")
     ap.add_argument("--ray-prefetch", type=int, default=2, help="Ray Data prefetch_batches (default 2)")
-    ap.add_argument("--datasets", default="synth,movielens", help="comma list of synth, movielens")
-    ap.add_argument("--contenders", default=",".join(CONTENDERS), help="comma list of floor, raydata, ours")
+    ap.add_argument("--datasets", default="long,short",
+                    help=f"comma list of {', '.join(DATASETS)} (default long,short)")
+    ap.add_argument("--contenders", default=",".join(CONTENDERS), help=f"comma list of {', '.join(CONTENDERS)}")
     ap.add_argument("--quiet-wait", type=float, default=None, help="before each timed pass, wait up to this many "
                     "seconds for other processes to use < --quiet-cores CPUs (0: do not wait; default 120, --quick 0)")
     ap.add_argument("--quiet-cores", type=float, default=0.25, help="see --quiet-wait (default 0.25)")
-    ap.add_argument("--quick", action="store_true", help=f"{QUICK_ROWS:,} synthetic rows, 1 timed pass")
+    ap.add_argument("--quick", action="store_true", help="the --quick row counts, 1 timed pass, no quiet wait")
     ap.add_argument("--json-out", type=Path, help="also write the result object to this file")
     args = ap.parse_args(argv)
-    rows = args.rows or (QUICK_ROWS if args.quick else DEFAULT_ROWS)
-    repeats = 1 if args.quick and args.repeats == 2 else args.repeats
+    args.contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]
+    args.datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
+    for value, allowed, flag in ((args.contenders, CONTENDERS, "--contenders"),
+                                 (args.datasets, DATASETS, "--datasets")):
+        bad = [v for v in value if v not in allowed]
+        if bad or not value:
+            ap.error(f"{flag}: unknown {bad or 'empty list'}; choose from {', '.join(allowed)}")
+    args.rows = {}
+    for name, (_, rows, quick) in SHAPES.items():
+        given = getattr(args, f"{name}_rows")
+        args.rows[name] = given if given is not None else quick if args.quick else rows
+        if args.rows[name] < 1:
+            ap.error(f"--{name}-rows must be >= 1, got {args.rows[name]}")
+    for flag, value, least in (("--ranks", args.ranks, 1), ("--microbatches", args.microbatches, 1),
+                               ("--num-cpus", args.num_cpus, 1), ("--warmups", args.warmups, 0),
+                               ("--repeats", args.repeats, 1), ("--ray-prefetch", args.ray_prefetch, 0)):
+        if value is not None and value < least:
+            ap.error(f"{flag} must be >= {least}, got {value}")
+    smallest_g = min([args.samples_per_step] + [MOVIELENS_G] * ("movielens" in args.datasets))
+    if smallest_g < args.ranks:
+        ap.error(f"a global batch of {smallest_g} samples is below --ranks {args.ranks}: raysplit's per-split batch "
+                 "(G // R) would be empty")
+    args.repeats = args.repeats or (1 if args.quick else 2)
     if args.quiet_wait is None:
         args.quiet_wait = 0.0 if args.quick else 120.0
-    contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]
-    names = [d.strip() for d in args.datasets.split(",") if d.strip()]
-    for value, allowed, flag in ((contenders, CONTENDERS, "--contenders"), (names, ("synth", "movielens"), "--datasets")):
-        bad = [v for v in value if v not in allowed]
-        if bad:
-            ap.error(f"{flag}: unknown {bad}; choose from {', '.join(allowed)}")
+    return args
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
     started = time.perf_counter()
 
     import ray
 
     prov = git_provenance(REPO, ["loader", "balancer", "bench/loader.py"])
     have_ours, why_not = ours_available()
-    print(f"bench/loader.py: commit {prov['commit']}{' (loader/balancer/bench changed or untracked files)' if prov['dirty'] else ''}; "
-          f"R={args.ranks} M={args.microbatches} G={args.samples_per_step}; num_cpus={args.num_cpus}; "
-          f"columns={args.columns}; {rows:,} synthetic rows{'; QUICK' if args.quick else ''}", flush=True)
+    sizes = ", ".join(f"{name} {args.rows[name]:,} rows" for name in SHAPES if name in args.datasets)
+    print(f"bench/loader.py: commit {prov['commit']}"
+          f"{' (loader/balancer/bench changed or untracked files)' if prov['dirty'] else ''}; R={args.ranks} "
+          f"M={args.microbatches} G={args.samples_per_step}; num_cpus={args.num_cpus}; columns={args.columns}; "
+          f"{sizes}{'; QUICK (sizes for checking the bench, not the targets)' if args.quick else ''}", flush=True)
     if not have_ours:
         print(f"ours: NOT AVAILABLE ({why_not})", flush=True)
-    datasets = []
-    for name in names:
-        datasets.append(synth_dataset(rows) if name == "synth" else movielens_dataset())
-    free = os.statvfs(DATA_ROOT)
-    print(f"disk free under {DATA_ROOT.relative_to(REPO)}: {free.f_bavail * free.f_frsize / 2**30:.1f} GiB", flush=True)
+    args.data_dir.mkdir(parents=True, exist_ok=True)
+    datasets = [synth_dataset(name, args.rows[name], args.data_dir) if name in SHAPES
+                else movielens_dataset(args.data_dir) for name in args.datasets]
+    free = os.statvfs(args.data_dir)
+    print(f"disk free under {args.data_dir}: {free.f_bavail * free.f_frsize / 2**30:.1f} GiB", flush=True)
 
     temp_dir = tempfile.mkdtemp(prefix="rb", dir="/tmp")  # short: Ray's socket paths have a length limit
     ray.init(num_cpus=args.num_cpus, include_dashboard=False, _temp_dir=temp_dir, logging_level=logging.WARNING,
              log_to_driver=False)
-    ctx = ray.data.DataContext.get_current()
-    ctx.enable_progress_bars = False
-    logging.getLogger("ray.data").setLevel(logging.WARNING)
-    info = machine()
-    info["ray_resources"] = {k: v for k, v in ray.cluster_resources().items() if k in ("CPU", "memory", "object_store_memory")}
-    print(f"machine: {info['cpus']} CPUs ({info['cpu_model']}), {info['mem_gib']} GiB; Ray {info['ray']} with "
-          f"{info['ray_resources']}; load average {' '.join(info['loadavg_start'])}", flush=True)
-    print("columns: rows/s and Mtok/s of the best pass; wall s from construction to last batch; 1st s = time to "
-          "first batch; plan ms/st = planner time per step (ours); mem = peak over the timed passes of (sum of RssAnon over this "
-          "process tree + largest RssShmem, i.e. the object store once), (start) = the same when the pass began; RSS = "
-          "peak sum of VmRSS (upper bound); CPU s = CPU time of the tree; "
-          "foreign = other processes' CPU s in the same pass", flush=True)
-
     result_rows = []
     try:
+        ray.data.DataContext.get_current().enable_progress_bars = False
+        logging.getLogger("ray.data").setLevel(logging.WARNING)
+        info = machine()
+        info["ray_resources"] = {k: v for k, v in ray.cluster_resources().items()
+                                 if k in ("CPU", "memory", "object_store_memory")}
+        print(f"machine: {info['cpus']} CPUs ({info['cpu_model']}), {info['mem_gib']} GiB; Ray {info['ray']} with "
+              f"{info['ray_resources']}; load average {' '.join(info['loadavg_start'])}", flush=True)
+        print("columns: rows/s and Mtok/s of the best pass; wall s from construction to last batch; 1st s = until "
+              "every consumer (rank, split) has its first batch; CPU s = CPU time of the process tree (Ray's "
+              "processes included), cores = CPU s / wall s, CPU s/Mrow = CPU s per million delivered rows; plan "
+              "ms/st = planner time per step (ours); mem = peak over the timed passes of (sum of RssAnon over the "
+              "tree + largest RssShmem, i.e. the object store once), (start) = the same when the pass began; RSS = "
+              "peak sum of VmRSS (upper bound); foreign = other processes' CPU s in the same pass", flush=True)
         for ds in datasets:
             cols = dataset_columns(ds["path"], args.columns)
             G = MOVIELENS_G if ds["name"] == "movielens" else args.samples_per_step
             cfg = {"R": args.ranks, "M": args.microbatches, "G": G, "ray_prefetch": args.ray_prefetch,
                    "columns": args.columns, "quiet_wait": args.quiet_wait, "quiet_cores": args.quiet_cores}
-            n_rep = max(repeats, 5) if ds["name"] == "movielens" and not args.quick else repeats
-            print(f"\n== {ds['name']}: {ds['rows']:,} rows, {ds['tokens']:,} events ({ds['tokens'] / ds['rows']:.0f} per "
-                  f"row), columns {cols}, G={G}, R={args.ranks} x M={args.microbatches}, best of {n_rep} after a "
-                  f"warm-up pass", flush=True)
+            n_rep = max(args.repeats, 5) if ds["name"] == "movielens" and not args.quick else args.repeats
+            print(f"\n== {ds['name']}: {ds['rows']:,} rows, {ds['tokens']:,} events ({ds['tokens'] / ds['rows']:.0f} "
+                  f"per row), columns {cols}, G={G} (raysplit {G // args.ranks} per split), R={args.ranks} x "
+                  f"M={args.microbatches}, best of {n_rep} after {args.warmups} warm-up pass(es)", flush=True)
             print(HEADER, flush=True)
-            for name in contenders:
+            for name in args.contenders:
                 base = {"dataset": ds["name"], "contender": name, "samples_per_step": G, "columns": cols}
                 if name == "ours" and not have_ours:
                     row = {**base, "available": False, "error": None, "reason": why_not}
                 else:
                     try:
-                        row = {**base, **measure(name, ds, cols, cfg, n_rep)}
+                        row = {**base, **measure(name, ds, cols, cfg, args.warmups, n_rep)}
                     except Exception as exc:  # one contender failing must not lose the others' figures
                         row = {**base, "available": True, "error": f"{type(exc).__name__}: {exc}"}
                 result_rows.append(row)
@@ -600,15 +761,17 @@ def main(argv=None) -> dict:
                           f"fields {row.get('delivered_fields')}", flush=True)
     finally:
         ray.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)
     targets = verdicts(result_rows, datasets)
     elapsed = time.perf_counter() - started
     print(f"\nbench wall time: {elapsed:.1f} s", flush=True)
     result = {"bench": "loader", "quick": args.quick, "provenance": prov, "machine": info,
-              "config": {"rows": rows, "ranks": args.ranks, "microbatches": args.microbatches,
+              "config": {"rows": args.rows, "ranks": args.ranks, "microbatches": args.microbatches,
                          "samples_per_step": args.samples_per_step, "movielens_samples_per_step": MOVIELENS_G,
-                         "num_cpus": args.num_cpus, "repeats": repeats, "columns": args.columns,
-                         "ray_prefetch_batches": args.ray_prefetch, "warmup_passes": 1,
-                         "quiet_wait_s": args.quiet_wait, "quiet_cores": args.quiet_cores},
+                         "raysplit_batch_size": args.samples_per_step // args.ranks, "num_cpus": args.num_cpus,
+                         "warmup_passes": args.warmups, "repeats": args.repeats, "columns": args.columns,
+                         "ray_prefetch_batches": args.ray_prefetch, "quiet_wait_s": args.quiet_wait,
+                         "quiet_cores": args.quiet_cores, "data_dir": str(args.data_dir)},
               "datasets": datasets, "seconds": elapsed, "targets": targets, "rows": result_rows}
     if args.json_out:
         args.json_out.write_text(json.dumps(result, indent=1, default=str))
