@@ -9,21 +9,17 @@ import importlib.util
 import json
 import os
 import re
-import secrets
 import shutil
-import signal
 import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.deploy.netns import BIN, ROOT, netns_refused, two_node_cluster
+
 DEPLOY = ROOT / "deploy"
-BIN = Path(sys.executable).parent
 RAY_PORTS = {6379, 8265, 10001}
 
 
@@ -182,104 +178,15 @@ def test_readme_cites_the_docs_and_walks_through_every_piece():
 # ---------------------------------------------------------------- end to end on two namespaces
 
 
-class TwoNodeCluster:
-    """Two network namespaces joined by a veth pair (10.200.0.1/24 head, 10.200.0.2/24 worker), a Ray node
-    started in each with `ip netns exec ... ray start`. Nothing but these two addresses is ever a target.
-    Teardown kills exactly the processes in the two namespaces (by PID) and deletes the namespaces."""
-
-    HEAD_IP, WORKER_IP = "10.200.0.1", "10.200.0.2"
-
-    def __init__(self, tmp: Path):
-        tag = f"{os.getpid() % 100000}"
-        self.ns = (f"fsd-h{tag}", f"fsd-w{tag}")
-        self.veth = (f"fsdh{tag}", f"fsdw{tag}")
-        self.tmp = tmp
-        self.token = secrets.token_hex(32)
-        self.env = {**os.environ, "HOME": str(tmp / "home"), "RAY_AUTH_MODE": "token",
-                    "RAY_AUTH_TOKEN": self.token, "RAY_USAGE_STATS_ENABLED": "0",
-                    # 0 (the Makefile's local default) forbids multi-node clusters in Ray 2.60
-                    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1",
-                    "NUMBA_CACHE_DIR": os.environ.get("NUMBA_CACHE_DIR", str(tmp / "numba")),
-                    "PYTHONPATH": str(ROOT)}
-        (tmp / "home").mkdir()
-        self.address = f"{self.HEAD_IP}:6379"
-
-    def ip(self, *args):
-        subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
-
-    def in_ns(self, i: int, cmd: list[str], **kw):
-        return subprocess.run(["ip", "netns", "exec", self.ns[i], *cmd], env=kw.pop("env", self.env),
-                              capture_output=True, text=True, **kw)
-
-    def start(self):
-        h, w = self.ns
-        self.ip("netns", "add", h)
-        self.ip("netns", "add", w)
-        self.ip("link", "add", self.veth[0], "type", "veth", "peer", "name", self.veth[1])
-        for i, addr in ((0, self.HEAD_IP), (1, self.WORKER_IP)):
-            self.ip("link", "set", self.veth[i], "netns", self.ns[i])
-            self.ip("netns", "exec", self.ns[i], "ip", "addr", "add", f"{addr}/24", "dev", self.veth[i])
-            self.ip("netns", "exec", self.ns[i], "ip", "link", "set", self.veth[i], "up")
-            self.ip("netns", "exec", self.ns[i], "ip", "link", "set", "lo", "up")
-        ray = str(BIN / "ray")
-        common = ["--num-cpus", "2", "--temp-dir", str(self.tmp / "ray"), "--disable-usage-stats"]
-        r = self.in_ns(0, [ray, "start", "--head", "--node-ip-address", self.HEAD_IP, "--port", "6379",
-                           "--include-dashboard", "false", *common], timeout=120)
-        assert r.returncode == 0, r.stdout + r.stderr
-        r = self.in_ns(1, [ray, "start", "--address", self.address, "--node-ip-address", self.WORKER_IP,
-                           *common], timeout=120)
-        assert r.returncode == 0, r.stdout + r.stderr
-
-    def pids(self) -> list[int]:
-        out = []
-        for ns in self.ns:
-            r = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)
-            out += [int(p) for p in r.stdout.split()]
-        return out
-
-    def stop(self):
-        for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-            for pid in self.pids():
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
-            deadline = time.monotonic() + wait
-            while self.pids() and time.monotonic() < deadline:
-                time.sleep(0.2)
-        left = self.pids()
-        for ns in self.ns:
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)  # removes the veth pair too
-        return left
-
-
-def _netns_allowed() -> str | None:
-    if shutil.which("ip") is None:
-        return "no `ip` command"
-    name = f"fsd-probe{os.getpid() % 100000}"
-    r = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
-    if r.returncode != 0:
-        return f"`ip netns add` is not permitted here: {r.stderr.strip()}"
-    subprocess.run(["ip", "netns", "del", name], capture_output=True)
-    return None
-
-
 @pytest.fixture
-def two_nodes(tmp_path_factory):
-    why = _netns_allowed()
+def two_nodes():
+    why = netns_refused()
     if why:
         # The repo rules allow a 127.0.0.1 fallback, but two `ray start` nodes on one loopback address share
         # every port namespace with whatever else runs here; we skip instead of risking other targets.
         pytest.skip(why)
-    tmp = Path(tempfile.mkdtemp(prefix="fsd-", dir="/tmp"))  # short: Ray's unix sockets live under it
-    cluster = TwoNodeCluster(tmp)
-    try:
-        cluster.start()
+    with two_node_cluster() as cluster:
         yield cluster
-    finally:
-        left = cluster.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
-        assert not left, f"processes left in the test namespaces: {left}"
 
 
 @pytest.mark.slow
