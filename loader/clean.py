@@ -48,6 +48,21 @@ class Chunk:
     status: np.ndarray
     rows: Rows
 
+    def meta(self) -> UnitMeta:
+        """What the control plane needs of this row group: statuses and lengths, no events."""
+        return UnitMeta(status=self.status, lengths=self.rows.lengths, cut=self.rows.cut)
+
+
+@dataclass
+class UnitMeta:
+    """A cleaned row group as the planner sees it: ``status`` int8 (rows,) in file order, and per
+    valid row (in file order) its ``lengths`` and ``cut`` (events lost to ``max_seq_len``), int64
+    (valid,) each. A few bytes a row: this is all the coordinator ever receives of the data."""
+
+    status: np.ndarray
+    lengths: np.ndarray
+    cut: np.ndarray
+
 
 def clean(
     user_ids: np.ndarray,

@@ -40,14 +40,16 @@ class LoaderConfig:
     shuffle_window: int | None = None
     pin_memory: bool = False
     planner: str = "balanced"
+    locality: bool = True
+    ranks_per_node: int | None = None
 
     def __post_init__(self) -> None:
         for key in ("ranks", "microbatches", "samples_per_step", "prefetch_steps"):
             _positive(key, getattr(self, key))
-        for key in ("max_seq_len", "max_tokens", "num_readers", "shuffle_window"):
+        for key in ("max_seq_len", "max_tokens", "num_readers", "shuffle_window", "ranks_per_node"):
             if getattr(self, key) is not None:
                 _positive(key, getattr(self, key), "or None")
-        for key in ("equal_count", "shuffle", "drop_last", "skip_corrupt", "pin_memory"):
+        for key in ("equal_count", "shuffle", "drop_last", "skip_corrupt", "pin_memory", "locality"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"{key} must be True or False, got {getattr(self, key)!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
@@ -77,6 +79,17 @@ class LoaderConfig:
                 "history would not fit any microbatch; raise max_tokens or lower max_seq_len"
             )
 
+        if self.ranks_per_node is not None and self.ranks % self.ranks_per_node:
+            raise ValueError(
+                f"ranks_per_node={self.ranks_per_node} does not divide ranks={self.ranks}; pass the number "
+                "of trainer ranks on each node (torchrun's LOCAL_WORLD_SIZE), or None to learn it from Ray"
+            )
+
+    @property
+    def plans_locality(self) -> bool:
+        """Whether plans follow a declared layout (``ranks_per_node``) without asking Ray."""
+        return self.locality and self.ranks_per_node is not None
+
     @property
     def window(self) -> int:
         """Rows per shuffle block: at least one global batch."""
@@ -96,7 +109,8 @@ def fingerprint(index: SourceIndex, config: LoaderConfig) -> int:
     decisive = {
         key: value
         for key, value in asdict(config).items()
-        if key not in ("seed", "backend", "num_readers", "name", "ray_address", "prefetch_steps", "pin_memory")
+        if key not in ("seed", "backend", "num_readers", "name", "ray_address", "prefetch_steps", "pin_memory",
+                       "locality", "ranks_per_node")
     }
     model = config.cost_model
     decisive["cost_model"] = None if model is None else [model.quadratic, model.linear, model.constant]

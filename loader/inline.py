@@ -1,9 +1,11 @@
 """``backend="inline"``: the same pipeline in-process, for machines without Ray and for debugging.
 
 Row groups are read by a thread pool (pyarrow decodes without the GIL), the next block's while the
-current one is planned (two blocks in memory, as with Ray); every iterator
-runs its own pass over the epoch and keeps its ranks' shares, so ranks may be iterated one after
-another. Steps are counted once in ``stats()`` however many iterators plan them.
+current one is planned (two blocks in memory, as with Ray). The planner sees the row groups'
+statuses and lengths only, as the Ray coordinator does, and every rank's tensors are gathered
+straight from the decoded row groups. Every iterator runs its own pass over the epoch and keeps
+its ranks' messages, so ranks may be iterated one after another. Steps are counted once in
+``stats()`` however many iterators plan them.
 """
 
 from __future__ import annotations
@@ -13,9 +15,13 @@ import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from loader.assemble import RankStep, warm_up
+import numpy as np
+
+from loader.assemble import RankMessage, rank_message, route
+from loader.clean import Chunk
 from loader.config import LoaderConfig
-from loader.pipeline import EpochRun, PlannedStep, Resume
+from loader.nodes import NodeLayout
+from loader.pipeline import EpochRun, PlannedStep, Resume, warm_up
 from loader.read import read_unit
 from loader.sources import SourceIndex
 from loader.stats import Stats
@@ -28,10 +34,12 @@ class InlineClient:
         self.pool = ThreadPoolExecutor(max_workers=config.num_readers or os.cpu_count() or 1)
         self._stats = Stats(index.skipped_files)
         self._lock = threading.Lock()
+        # one process: the layout only shapes the plans, when the user declares one
+        self.layout = NodeLayout.per_node(config.ranks, config.ranks_per_node) if config.plans_locality else None
         warm_up(config)
 
     def open(self, ranks: tuple[int, ...], epoch: int, start: Resume) -> InlineStream:
-        return InlineStream(self._steps(epoch, start), ranks)
+        return InlineStream(self, ranks, self._steps(epoch, start))
 
     def stats(self) -> dict:
         with self._lock:
@@ -40,49 +48,64 @@ class InlineClient:
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
 
-    def _steps(self, epoch: int, start: Resume) -> Iterator[PlannedStep]:
-        run = EpochRun(self.index, self.config, epoch=epoch, start=start)
+    def _steps(self, epoch: int, start: Resume) -> Iterator[tuple[PlannedStep, dict[int, Chunk]]]:
+        """Planned steps, each with the decoded row groups it reads (unit -> chunk)."""
+        run = EpochRun(self.index, self.config, epoch=epoch, start=start, layout=self.layout)
         blocks = run.blocks()
         reads = self._submit(run, blocks[0]) if blocks else []
+        held: dict[int, Chunk] = {}
         try:
             for i, block in enumerate(blocks):
                 chunks = [read.result() for read in reads]
                 reads = self._submit(run, blocks[i + 1]) if i + 1 < len(blocks) else []
-                for planned in run.feed(block, chunks):
+                held.update(zip(run.units(block), chunks))
+                for planned in run.feed(block, [c.meta() for c in chunks]):
                     self._record(planned)
-                    yield planned
+                    yield planned, held
+                held = {u: held[u] for u in np.unique(run.pending[0]).tolist()}  # what carried rows read
         finally:
             for read in reads:  # an iterator closed early: drop the read-ahead
                 read.cancel()
         for planned in run.finish():
             self._record(planned)
-            yield planned
+            yield planned, held
         with self._lock:
-            self._stats.record(epoch, "end", run.tail)
+            self._stats.record_end(epoch, run.tail)
 
     def _submit(self, run: EpochRun, block: int) -> list[Future]:
         return [self.pool.submit(self._read, unit) for unit in run.units(block)]
 
-    def _read(self, unit: int):
+    def _read(self, unit: int) -> Chunk:
         return read_unit(
             self.index, unit, max_seq_len=self.config.max_seq_len, skip_corrupt=self.config.skip_corrupt
         )
 
     def _record(self, planned: PlannedStep) -> None:
         with self._lock:
-            self._stats.record(planned.epoch, planned.step, planned.counts, planned.planner_seconds)
+            self._stats.record(planned)
 
 
 class InlineStream:
-    """Steps of one pass for ``ranks``."""
+    """Messages of one pass for ``ranks``, one step each, every row read in place."""
 
-    def __init__(self, steps: Iterator[PlannedStep], ranks: tuple[int, ...]) -> None:
-        self.steps = steps
+    def __init__(self, client: InlineClient, ranks: tuple[int, ...], steps) -> None:
+        self.client = client
         self.ranks = ranks
+        self.steps = steps
+        self.holder = np.zeros(len(client.index.units), dtype=np.int64)  # every unit is held here
 
-    def next_step(self) -> dict[int, RankStep] | None:
-        planned = next(self.steps, None)
-        return None if planned is None else {rank: planned.shares[rank] for rank in self.ranks}
+    def next_message(self) -> dict[int, RankMessage] | None:
+        item = next(self.steps, None)
+        if item is None:
+            return None
+        planned, held = item
+        out = {}
+        for rank in self.ranks:
+            message = rank_message([planned], rank, self.client.config.microbatches, self.client.index.roles)
+            way = route(message.unit, message.unit_row, self.holder, 0)
+            message.take(way, [held[u].rows for u in way.units.tolist()], [])
+            out[rank] = message
+        return out
 
     def close(self) -> None:
         self.steps.close()

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from loader.assemble import RankStep
+from loader.assemble import RankMessage
 from loader.rows import gather
 
 
-@dataclass
+@dataclass(slots=True)
 class Microbatch:
     """One (rank, microbatch) bin of one step, as CPU torch tensors (design §5)."""
 
@@ -49,37 +49,56 @@ class Microbatch:
         return len(self.item_ids)
 
 
-def microbatches(share: RankStep, *, pin_memory: bool = False) -> list[Microbatch]:
-    """The M microbatches of one rank's step, gathered from its sources into fresh torch tensors
-    (one buffer per column, pinned if asked; each microbatch a view). ``share.sources`` must be
-    :class:`loader.rows.Rows` by now (the Ray client fetches them)."""
+def message_steps(message: RankMessage, *, pin_memory: bool = False) -> list[list[Microbatch]]:
+    """The K steps of one rank's message, each its M microbatches, gathered from the message's
+    sources into fresh torch tensors: one buffer per column for the whole message (pinned if
+    asked), every microbatch a view of it. ``message.sources`` must be :class:`loader.rows.Rows`
+    by now (the Ray client fetches them)."""
 
     def empty(size: int, dtype: np.dtype) -> np.ndarray:
         tensor_dtype = torch.from_numpy(np.empty(0, dtype=dtype)).dtype
         return torch.empty(size, dtype=tensor_dtype, pin_memory=pin_memory).numpy()
 
-    rows = gather(share.sources, share.source, share.row, share.dtypes, empty=empty)
-    user_ids = torch.from_numpy(rows.user_ids)
-    offsets = torch.from_numpy(rows.offsets)
-    events = {name: torch.from_numpy(values) for name, values in rows.events.items()}
+    rows = gather(message.sources, message.source, message.row, message.dtypes, empty=empty)
+    K, M = message.costs.shape
+    bounds = message.mb_bounds  # (K*M + 1,) row bounds of the microbatches
+    sizes = np.diff(bounds)  # (K*M,) samples per microbatch
+    token_bounds = rows.offsets[bounds]  # (K*M + 1,)
+    # every microbatch's offsets rebased to 0, all in one buffer: microbatch b owns sizes[b] + 1 entries
+    starts = np.repeat(bounds[:-1], sizes + 1) + _ranges(sizes + 1)
+    local = torch.from_numpy(rows.offsets[starts] - np.repeat(token_bounds[:-1], sizes + 1))
+    if pin_memory:
+        local = local.pin_memory()
+    offsets = torch.split(local, (sizes + 1).tolist())
+    users = torch.split(torch.from_numpy(rows.user_ids), sizes.tolist())
+    per_token = np.diff(token_bounds).tolist()
+    events = {name: torch.split(torch.from_numpy(values), per_token) for name, values in rows.events.items()}
+    items = events.pop(message.items)
+    times = events.pop(message.timestamps) if message.timestamps is not None else None
+    costs = message.costs.reshape(-1).tolist()
+    steps = message.steps.tolist()
     out = []
-    for j in range(len(share.costs)):
-        a, b = int(share.bounds[j]), int(share.bounds[j + 1])
-        first, last = int(rows.offsets[a]), int(rows.offsets[b])
-        mb_offsets = offsets[a : b + 1] - first  # (n_j + 1,) a new tensor
-        if pin_memory:
-            mb_offsets = mb_offsets.pin_memory()
-        sliced = {name: tensor[first:last] for name, tensor in events.items()}
-        out.append(
-            Microbatch(
-                item_ids=sliced.pop(share.items),
-                offsets=mb_offsets,
-                user_ids=user_ids[a:b],
-                timestamps=None if share.timestamps is None else sliced.pop(share.timestamps),
-                features=sliced,
-                step=share.step,
-                index=j,
-                cost=float(share.costs[j]),
+    for k in range(K):
+        step = []
+        for j in range(M):
+            b = k * M + j
+            step.append(
+                Microbatch(
+                    item_ids=items[b],
+                    offsets=offsets[b],
+                    user_ids=users[b],
+                    timestamps=None if times is None else times[b],
+                    features={name: parts[b] for name, parts in events.items()},
+                    step=steps[k],
+                    index=j,
+                    cost=costs[b],
+                )
             )
-        )
+        out.append(step)
     return out
+
+
+def _ranges(sizes: np.ndarray) -> np.ndarray:
+    """0..sizes[0]-1, 0..sizes[1]-1, ... concatenated, int64 (sizes.sum(),)."""
+    total = int(sizes.sum())
+    return np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(sizes) - sizes, sizes)

@@ -1,35 +1,37 @@
-"""One epoch of the pipeline, fed block by block: order -> validate -> cut -> plan -> split.
+"""One epoch of the control plane, fed block by block: order -> validate -> cut -> plan.
 
 Both backends drive an :class:`EpochRun` the same way; only who reads the row groups differs::
 
-    run = EpochRun(index, config, epoch=e, start=Resume(step, cursor), store=...)
+    run = EpochRun(index, config, epoch=e, start=Resume(step, cursor), layout=...)
     for block in run.blocks():
-        chunks = [read_unit(index, u, ...) for u in run.units(block)]  # any reader, any order
-        for step in run.feed(block, chunks, handles): ...            # PlannedStep, in step order
+        metas = [read(u).meta() for u in run.units(block)]    # any reader, any order
+        for step in run.feed(block, metas): ...               # PlannedStep, in step order
     for step in run.finish(): ...
 
-Shares name their rows' sources by *handle*: the chunk itself in-process, the reader's object ref
-with Ray (``handles``), and ``store(rows)`` for rows carried over from an earlier block.
+The run sees row statuses and lengths only (:class:`loader.clean.UnitMeta`), never events: a
+planned step names its samples as (unit, valid row of that unit), and whoever holds the decoded
+row groups builds each rank's tensors from those indices (:mod:`loader.assemble`).
 
 A step's membership is decided by the order of *valid* rows, so it never depends on timing: the
 rows of a block are visited in epoch order, invalid ones are counted under their reason, and a
 batch closes at its ``samples_per_step``-th valid row. Valid rows left over at the end of a block
-are copied out (fewer than one batch) and wait for the next block, so a block's chunks are let go
-once the steps that read them are consumed. Resuming at a step boundary needs only (step, cursor): nothing is pending there.
+(fewer than one batch) are carried, as indices, into the next block's first step. Resuming at a
+step boundary needs only (step, cursor): nothing is pending there.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
-from loader.assemble import RankStep, plan_step
-from loader.clean import DROP_LAST, REASONS, VALID, Chunk
+import balancer
+from loader.clean import DROP_LAST, REASONS, VALID, UnitMeta
 from loader.config import LoaderConfig
+from loader.nodes import NodeLayout
 from loader.order import cut_batches, epoch_order
-from loader.rows import Rows, gather
 from loader.sources import SourceIndex
 from loader.stats import Counts
 
@@ -44,18 +46,41 @@ class Resume:
 
 @dataclass
 class PlannedStep:
-    """One global batch, planned: every rank's share, and what the order passed to build it."""
+    """One global batch of n samples, planned into R x M bins.
+
+    Sample i (batch order) is valid row ``row[i]`` of unit ``unit[i]``, ``lengths[i]`` events,
+    home node ``home[i]`` (-1 without a node layout). Bin b = rank * M + microbatch holds the
+    samples ``order[bins[b]:bins[b + 1]]`` (ascending batch order inside a bin); ``loads`` (R, M) is
+    each bin's planned cost. ``cursor`` is the epoch position after the step.
+    """
 
     epoch: int
     step: int
     cursor: int
-    shares: list[RankStep]
+    unit: np.ndarray  # int64 (n,)
+    row: np.ndarray  # int64 (n,)
+    lengths: np.ndarray  # int64 (n,)
+    home: np.ndarray  # int64 (n,)
+    order: np.ndarray  # int64 (n,)
+    bins: np.ndarray  # int64 (R*M + 1,)
+    loads: np.ndarray  # float64 (R, M)
     counts: Counts
     planner_seconds: float
+    metrics: dict
+    crossing: tuple[int, int] = (0, 0)  # samples, tokens planned onto a rank of another node than home
+
+    def rank_samples(self, rank: int, microbatches: int) -> np.ndarray:
+        """Batch positions of ``rank``'s samples, microbatch by microbatch, int64 (n_rank,)."""
+        return self.order[self.bins[rank * microbatches] : self.bins[(rank + 1) * microbatches]]
 
 
 class EpochRun:
-    """The steps of epoch ``epoch`` from ``start`` on; see the module docstring."""
+    """The steps of epoch ``epoch`` from ``start`` on; see the module docstring.
+
+    ``layout`` (trainer ranks' nodes) makes the plans locality-aware: each unit gets a home node
+    (:func:`loader.nodes.assign_homes`, per block) and the planner keeps samples on their home
+    node wherever balance allows. None, or a layout of one node, plans without locality.
+    """
 
     def __init__(
         self,
@@ -64,12 +89,12 @@ class EpochRun:
         *,
         epoch: int,
         start: Resume = Resume(),
-        store: Callable[[Rows], object] = lambda rows: rows,
+        layout: NodeLayout | None = None,
     ) -> None:
         self.index = index
-        self.store = store
         self.config = config
         self.epoch = epoch
+        self.layout = layout if layout is not None and layout.nodes > 1 else None
         self.unit_rows = np.array([u.rows for u in index.units], dtype=np.int64)
         self.order = epoch_order(
             self.unit_rows, seed=config.seed, epoch=epoch, shuffle=config.shuffle, window=config.window
@@ -79,9 +104,9 @@ class EpochRun:
         self.start = start
         self.step = start.step
         self.cursor = start.cursor  # first position not yet visited
-        self.dtypes = {column: np.dtype(t.to_pandas_dtype()) for column, t in index.lists}
-        self.pending = Rows.empty(self.dtypes)  # valid rows visited but not yet in a batch
-        self.pending_handle = None
+        empty = np.zeros(0, dtype=np.int64)
+        # valid rows visited but not yet in a batch: unit, row, length, home, cut (each (p,))
+        self.pending = (empty, empty, empty, empty, empty)
         self.pending_counts = Counts()  # what the order passed since the last step closed
         self.tail = Counts()  # set by finish(): what the order passed after the last step
 
@@ -90,48 +115,57 @@ class EpochRun:
         return range(self.order.block_of(self.start.cursor), self.order.blocks)
 
     def units(self, block: int) -> list[int]:
-        """Unit ids to read for ``block``, in the order :meth:`feed` wants their chunks."""
+        """Unit ids to read for ``block``, in the order :meth:`feed` wants their metas."""
         return self.order.units_of(block).tolist()
 
-    def feed(self, block: int, chunks: list[Chunk], handles: list | None = None) -> Iterator[PlannedStep]:
-        """Visit the block's rows (from the cursor on) given its units' chunks (and the handles
-        shares name their rows by, default the chunks' rows); yield closed steps."""
+    def homes(self, block: int) -> np.ndarray:
+        """Home node of each unit of ``block`` (as :meth:`units`), int64 (k,); -1 without a layout.
+
+        A function of the block's units and the layout only: the reader that reads a unit never
+        changes the plan, only the traffic."""
+        units = self.order.units_of(block)
+        if self.layout is None:
+            return np.full(len(units), -1, dtype=np.int64)
+        return self.layout.assign_homes(self.unit_rows[units])
+
+    def feed(self, block: int, metas: list[UnitMeta]) -> Iterator[PlannedStep]:
+        """Visit the block's rows (from the cursor on) given its units' metas; yield closed steps."""
         member, row = self.order.rows_of(block, self.unit_rows)  # (n,) each, in epoch order
         begin = int(self.order.block_starts[block])
         skip = self.cursor - begin  # positions of this block visited before a resume
         member, row = member[skip:], row[skip:]
-        sizes = [len(c.status) for c in chunks]
+        sizes = np.array([len(m.status) for m in metas], dtype=np.int64)
         flat = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)[member] + row  # (n,)
-        status = np.concatenate([c.status for c in chunks])[flat]  # (n,) in epoch order
-        # valid_id: (rows of the block,) index of each valid row within its chunk's Rows
-        valid_id = np.concatenate([np.cumsum(c.status == VALID) - 1 for c in chunks]).astype(np.int64)
+        status = np.concatenate([m.status for m in metas])[flat]  # (n,) in epoch order
+        # valid_id: (rows of the block,) index of each row among its unit's valid rows
+        valid_id = np.concatenate([np.cumsum(m.status == VALID) - 1 for m in metas]).astype(np.int64)
+        valid_base = np.concatenate([[0], np.cumsum([len(m.lengths) for m in metas])]).astype(np.int64)
         positions = np.flatnonzero(status == VALID)  # (v,)
-        # sources: 0 = rows pending from earlier blocks, 1 + k = chunk k's valid rows
-        sources = [self.pending, *(c.rows for c in chunks)]
-        handles = [self.pending_handle, *(handles or [c.rows for c in chunks])]
-        new_source, new_row = member[positions] + 1, valid_id[flat[positions]]  # (v,) each
-        old = len(self.pending)
-        ends = cut_batches(status == VALID, pending=old, size=self.config.samples_per_step)
+        owner = member[positions]  # (v,) index into the block's units
+        new_row = valid_id[flat[positions]]
+        at = valid_base[owner] + new_row  # (v,) index into the concatenated per-valid-row arrays
+        units, homes = self.order.units_of(block), self.homes(block)
+        new = (
+            units[owner],
+            new_row,
+            np.concatenate([m.lengths for m in metas]).astype(np.int64)[at],
+            homes[owner],
+            np.concatenate([m.cut for m in metas]).astype(np.int64)[at],
+        )
+        ends = cut_batches(status == VALID, pending=len(self.pending[0]), size=self.config.samples_per_step)
         start = first = 0
         for end in ends.tolist():
             last = int(np.searchsorted(positions, end))  # valid rows before end
+            batch = self._take(new, first, last)
             counts = self.pending_counts
-            self._visit(counts, status[start:end], sources, new_source[first:last], new_row[first:last])
-            counts.delivered += old + last - first
-            batch_source = np.concatenate([np.zeros(old, np.int64), new_source[first:last]])
-            batch_row = np.concatenate([np.arange(old, dtype=np.int64), new_row[first:last]])
-            self.pending_counts, old = Counts(), 0
+            self._visit(counts, status[start:end], new[4][first:last])
+            counts.delivered += len(batch[0])
+            self.pending_counts = Counts()
             self.cursor = begin + skip + end
-            yield self._plan(sources, handles, batch_source, batch_row, counts)
+            yield self._plan(batch, counts)
             start, first = end, last
-        self._visit(self.pending_counts, status[start:], sources, new_source[first:], new_row[first:])
-        self.pending = gather(
-            sources,
-            np.concatenate([np.zeros(old, np.int64), new_source[first:]]),
-            np.concatenate([np.arange(old, dtype=np.int64), new_row[first:]]),
-            self.dtypes,
-        )
-        self.pending_handle = self.store(self.pending) if len(self.pending) else None
+        self._visit(self.pending_counts, status[start:], new[4][first:])
+        self.pending = self._take(new, first, len(positions))
         self.cursor = int(self.order.block_starts[block + 1])
 
     def finish(self) -> Iterator[PlannedStep]:
@@ -140,35 +174,71 @@ class EpochRun:
         :attr:`tail` holds what the order passed after the last step (trailing skipped rows, and
         the short batch's rows under ``drop_last``); the caller counts it as the epoch's ``"end"``.
         """
-        n = len(self.pending)
+        batch = self.pending
+        n = len(batch[0])
         counts, self.pending_counts = self.pending_counts, Counts()
+        self.pending = tuple(a[:0] for a in batch)
         if n and not self.config.drop_last:
             counts.delivered += n
-            yield self._plan([self.pending], [self.pending_handle], np.zeros(n, np.int64),
-                             np.arange(n, dtype=np.int64), counts)
+            yield self._plan(batch, counts)
             return
         counts.skip(DROP_LAST, n)  # these rows were counted as truncated when visited; undo that
-        counts.truncated_rows -= int(np.count_nonzero(self.pending.cut))
-        counts.truncated_events -= int(self.pending.cut.sum())
+        counts.truncated_rows -= int(np.count_nonzero(batch[4]))
+        counts.truncated_events -= int(batch[4].sum())
         self.tail = counts
 
+    def _take(self, new: tuple, first: int, last: int) -> tuple:
+        """The pending rows followed by new rows ``[first, last)``; pending is emptied."""
+        out = tuple(np.concatenate([p, a[first:last]]) for p, a in zip(self.pending, new))
+        self.pending = tuple(a[:0] for a in self.pending)
+        return out
+
     @staticmethod
-    def _visit(counts: Counts, status: np.ndarray, sources: list[Rows], source: np.ndarray, row: np.ndarray) -> None:
+    def _visit(counts: Counts, status: np.ndarray, cut: np.ndarray) -> None:
         """Count positions just visited: skipped rows by reason, truncation of the new valid rows."""
         codes = np.bincount(status, minlength=len(REASONS))
         for code in range(1, len(REASONS)):
             counts.skip(REASONS[code], int(codes[code]))
-        for s in np.unique(source).tolist():
-            cut = sources[s].cut[row[source == s]]
-            counts.truncated_rows += int(np.count_nonzero(cut))
-            counts.truncated_events += int(cut.sum())
+        counts.truncated_rows += int(np.count_nonzero(cut))
+        counts.truncated_events += int(cut.sum())
 
-    def _plan(self, sources: list[Rows], handles: list, source: np.ndarray, row: np.ndarray,
-              counts: Counts) -> PlannedStep:
-        shares, seconds = plan_step(
-            sources, handles, source, row, step=self.step, cursor=self.cursor, config=self.config,
-            dtypes=self.dtypes, roles=(self.index.columns.items, self.index.timestamps),
-        )
-        planned = PlannedStep(self.epoch, self.step, self.cursor, shares, counts, seconds)
+    def _plan(self, batch: tuple, counts: Counts) -> PlannedStep:
+        unit, row, lengths, home, _ = batch
+        c = self.config
+        locality = {} if self.layout is None else {"home": home, "rank_node": self.layout.rank_node}
+        started = time.perf_counter()
+        try:
+            plan = balancer.plan(
+                lengths, ranks=c.ranks, microbatches=c.microbatches, cost_model=c.cost_model,
+                max_tokens=c.max_tokens, equal_count=c.equal_count, method=c.planner, seed=c.seed, **locality,
+            )  # fmt: skip
+        except ValueError as exc:
+            raise ValueError(f"step {self.step}: cannot plan its {len(lengths)} samples: {exc}") from exc
+        seconds = time.perf_counter() - started
+        order, bins = plan.groups()
+        crossing = (0, 0)
+        if self.layout is not None:
+            away = home != self.layout.rank_node[plan.rank]  # (n,)
+            crossing = (int(np.count_nonzero(away)), int(lengths[away].sum()))
+        planned = PlannedStep(
+            self.epoch, self.step, self.cursor, unit, row, lengths, home, order, bins,
+            plan.loads.astype(np.float64), counts, seconds, plan.metrics, crossing,
+        )  # fmt: skip
         self.step += 1
         return planned
+
+
+def warm_up(config: LoaderConfig) -> None:
+    """Plan two tiny batches so the planner's kernels are compiled (or loaded from numba's cache)
+    before the first timed step: one of equal lengths, one with a long sample."""
+    bins = config.ranks * config.microbatches
+    for lengths in (np.ones(bins, dtype=np.int64), np.r_[4, np.ones(4 * bins, dtype=np.int64)]):
+        fits = config.max_tokens is None or (
+            lengths.max() <= config.max_tokens and lengths.sum() <= config.max_tokens * bins
+        )
+        if fits:
+            balancer.plan(
+                lengths, ranks=config.ranks, microbatches=config.microbatches, cost_model=config.cost_model,
+                max_tokens=config.max_tokens, equal_count=config.equal_count, method=config.planner,
+                seed=config.seed,
+            )  # fmt: skip

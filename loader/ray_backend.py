@@ -24,21 +24,23 @@ use of it (Ray kills a non-detached actor with its owner's job).
 from __future__ import annotations
 
 import asyncio
+import os
+import threading
 import time
 import warnings
+from dataclasses import dataclass
 
 import numpy as np
 import ray
 from ray.exceptions import ActorUnavailableError, ObjectLostError, RayActorError, RayTaskError, WorkerCrashedError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from loader.assemble import RankStep, warm_up
-from loader.clean import Chunk
+from loader.assemble import RankMessage, pack
+from loader.clean import UnitMeta
 from loader.config import LoaderConfig
-from loader.pipeline import Resume
+from loader.pipeline import Resume, warm_up
 from loader.read import read_unit
-from loader.rows import Rows
-from loader.service import RunKey, Service
+from loader.service import RunKey, Service, SourcesLost, Where
 from loader.sources import SourceIndex
 
 NAMESPACE = "freescale"
@@ -62,19 +64,53 @@ def coordinator_name(name: str) -> str:
     return f"freescale-loader:{name}"
 
 
+@dataclass(frozen=True)
+class Held:
+    """A reader's object (a unit's rows or a packed piece): ``ref``, owned by reader ``reader``
+    while its process ``pid`` lives (Ray loses an object with its owner)."""
+
+    ref: ray.ObjectRef
+    reader: int
+    pid: int
+
+
 @ray.remote(num_cpus=0)
 class Reader:
-    """Reads units of one source on request; holds nothing between calls."""
+    """Reads units and packs rows on its node; holds no state but the objects it owns.
+
+    A read puts the unit's decoded rows into this node's object store and returns only its
+    statuses and lengths plus the object's ref: the coordinator never maps the rows. A pack maps
+    units of this node (zero-copy) and puts one object per rank holding just that rank's rows.
+    The objects live as long as this process (and someone holds their refs): after a restart the
+    coordinator reads again what the old process held.
+    """
 
     def __init__(self, index: SourceIndex, max_seq_len: int | None, skip_corrupt: bool) -> None:
         self.index = index
         self.max_seq_len = max_seq_len
         self.skip_corrupt = skip_corrupt
+        self.dtypes = index.roles[0]
 
-    @ray.method(num_returns=2)
-    def read(self, unit: int) -> tuple[np.ndarray, Rows]:
+    def read(self, unit: int) -> tuple[UnitMeta, ray.ObjectRef, int]:
         chunk = read_unit(self.index, unit, max_seq_len=self.max_seq_len, skip_corrupt=self.skip_corrupt)
-        return chunk.status, chunk.rows
+        return chunk.meta(), ray.put(chunk.rows), os.getpid()
+
+    def pack(self, pieces: dict[int, tuple[np.ndarray, np.ndarray]], refs: dict[int, ray.ObjectRef]):
+        """{rank: ref of its rows ``pieces[rank]`` = (unit, row)}, this process's pid; or
+        ``("lost", error)`` when a unit's rows are gone."""
+        units = list(refs)
+        try:
+            held = dict(zip(units, ray.get([refs[u] for u in units])))
+        except ObjectLostError as exc:
+            return "lost", str(exc)
+        return {rank: ray.put(pack(held, unit, row, self.dtypes)) for rank, (unit, row) in pieces.items()}, os.getpid()
+
+    def alive(self, pids: list[int]) -> list[bool]:
+        """Whether each process of this node still runs (a zombie counts as dead)."""
+        return [_running(pid) for pid in pids]
+
+    def pid(self) -> int:
+        return os.getpid()
 
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()
@@ -82,42 +118,49 @@ class Reader:
 
 @ray.remote(num_cpus=0, max_restarts=0)
 class Coordinator:
-    """One loader's pipeline: readers in, per-rank queues of published steps out."""
+    """One loader's control plane: readers in, per-rank queues of messages out."""
 
-    def __init__(self, index: SourceIndex, config: LoaderConfig, fingerprint: int, num_readers: int) -> None:
+    def __init__(self, index: SourceIndex, config: LoaderConfig, fingerprint: tuple) -> None:
         self.index = index
         self.fingerprint = fingerprint
         self.attached = 0
-        nodes = reader_nodes()
-        self.readers = [
-            Reader.options(
-                scheduling_strategy=NodeAffinitySchedulingStrategy(nodes[i % len(nodes)], soft=False),
-                max_restarts=READER_RESTARTS,
-            ).remote(index, config.max_seq_len, config.skip_corrupt)
-            for i in range(num_readers)
-        ]
-        self.busy = [0] * num_readers  # reads in flight per reader
-        self.service = Service(index, config, fetch=self._fetch, store=ray.put, readahead=2 * num_readers)
-        warm_up(config)
+        self.readers: list = []
+        self.nodes: list[str] = []
+        self.ready = asyncio.Event()
+        self.service = Service(index, config, fetch=self._fetch, pack=self._pack, alive=self._alive,
+                               renew=self._renew, readahead=2 * (config.num_readers or 2))
+        # compile or load the planner's kernels beside the first reads (the first plan waits on numba's lock)
+        threading.Thread(target=warm_up, args=(config,), daemon=True).start()
 
-    async def attach(self, fingerprint: int, name: str) -> None:
-        if fingerprint != self.fingerprint:
+    async def attach(self, fingerprint: tuple, name: str) -> bool:
+        """Count one more loader; True for the first, which must start the readers."""
+        if tuple(fingerprint) != tuple(self.fingerprint):
             raise ValueError(
                 f"a loader named {name!r} already runs with other data or arguments; construct this "
                 "loader with the same source and arguments, or give it another name"
             )
         self.attached += 1
+        return self.attached == 1
+
+    async def set_readers(self, readers: list) -> None:
+        self.readers = readers
+        self.busy = [0] * len(readers)  # calls in flight per reader
+        self.nodes = await asyncio.gather(*(r.node_id.remote() for r in readers))
+        self.ready.set()
 
     async def detach(self) -> int:
         """One loader let go; the number still attached."""
         self.attached -= 1
         return self.attached
 
-    async def open(self, ranks: list[int], key: RunKey, timeout: float):
-        return await self.service.open(ranks, key, timeout)
+    async def open(self, ranks: list[int], key: RunKey, timeout: float, where: Where):
+        return await self.service.open(ranks, key, timeout, where)
 
     async def next(self, rank: int, run_id: int, step: int, timeout: float):
         return await self.service.next(rank, run_id, step, timeout)
+
+    async def repair(self, rank: int, run_id: int, step: int):
+        return await self.service.repair(rank, run_id, step)
 
     async def leave(self, ranks: list[int], run_id: int) -> None:
         await self.service.leave(ranks, run_id)
@@ -126,24 +169,32 @@ class Coordinator:
         return self.service.stats.as_dict()
 
     async def reader_handles(self) -> list:
+        await self.ready.wait()
         return self.readers
 
     async def reader_nodes(self) -> list[str]:
-        return await asyncio.gather(*(r.node_id.remote() for r in self.readers))
+        await self.ready.wait()
+        return list(self.nodes)
 
-    async def _fetch(self, unit: int) -> tuple[Chunk, ray.ObjectRef]:
-        """Read ``unit`` on the least busy reader; if that reader died, on the least busy of the
-        others (the dead one restarts meanwhile). Returns the chunk and the ref of its rows."""
+    async def pid(self) -> int:
+        return os.getpid()
+
+    def _on(self, node) -> list[int]:
+        """Readers on ``node`` (every reader when none is there, or ``node`` is None)."""
+        here = [i for i, n in enumerate(self.nodes) if n == node]
+        return here or list(range(len(self.readers)))
+
+    async def _call(self, candidates: list[int], what: str, call):
+        """``call(i)`` on the least busy candidate reader i; when that reader died, on the least busy
+        of the others (the dead one restarts meanwhile), up to READ_ATTEMPTS times."""
         tried: set[int] = set()
         for attempt in range(READ_ATTEMPTS):
-            untried = [i for i in range(len(self.readers)) if i not in tried] or list(range(len(self.readers)))
+            untried = [i for i in candidates if i not in tried] or candidates
             owner = min(untried, key=lambda i: (self.busy[i], i))
             self.busy[owner] += 1
             try:
-                status_ref, rows_ref = self.readers[owner].read.remote(unit)
-                status, rows = await asyncio.gather(status_ref, rows_ref)
-                return Chunk(status=status, rows=rows), rows_ref
-            except RayTaskError as exc:  # the read itself failed: a real error, not a lost reader
+                return await call(owner)
+            except RayTaskError as exc:  # the call itself failed: a real error, not a lost reader
                 raise exc.cause from None
             except _LOST as exc:
                 lost = exc
@@ -152,9 +203,61 @@ class Coordinator:
             finally:
                 self.busy[owner] -= 1
         raise RuntimeError(
-            f"{self.index.describe(unit)}: {READ_ATTEMPTS} reads failed because reader actors died "
-            f"({lost}); check the readers' logs (memory, node failures)"
+            f"{what}: {READ_ATTEMPTS} attempts failed because reader actors died ({lost}); check the "
+            "readers' logs (memory, node failures)"
         )
+
+    async def _fetch(self, unit: int, node) -> tuple[UnitMeta, Held, str]:
+        """Read ``unit`` on a reader of ``node`` (its home); returns its meta, its rows' handle
+        and the node that holds them."""
+        await self.ready.wait()
+
+        async def read(i: int):
+            meta, ref, pid = await self.readers[i].read.remote(unit)
+            return meta, Held(ref, i, pid), self.nodes[i]
+
+        return await self._call(self._on(node), self.index.describe(unit), read)
+
+    async def _pack(self, node, pieces: dict, handles: dict[int, Held]) -> dict[int, Held]:
+        """Pack ``pieces`` on a reader of ``node``, where ``handles``' rows are held."""
+
+        async def pack_on(i: int):
+            done, pid = await self.readers[i].pack.remote(pieces, {u: h.ref for u, h in handles.items()})
+            if done == "lost":
+                raise SourcesLost(pid)
+            return {rank: Held(ref, i, pid) for rank, ref in done.items()}
+
+        return await self._call(self._on(node), f"packing rows on node {node}", pack_on)
+
+    async def _renew(self, handles: dict) -> dict:
+        """Fresh reads of the units whose handle is missing or whose reader process is gone."""
+        readers = sorted({h.reader for h, _ in handles.values() if h is not None})
+        pids = dict(zip(readers, await asyncio.gather(*(self._pid(i) for i in readers))))
+        lost = [u for u, (h, _) in handles.items() if h is None or pids[h.reader] != h.pid]
+        reads = await asyncio.gather(*(self._fetch(u, handles[u][1]) for u in lost))
+        return {u: (held, node) for u, (_, held, node) in zip(lost, reads)}
+
+    async def _pid(self, i: int) -> int | None:
+        try:
+            return await self.readers[i].pid.remote()
+        except _LOST:  # dead for good: whatever it held is lost
+            return None
+
+    async def _alive(self, wheres: list[Where]) -> list[bool]:
+        """Ask a reader on each process's node; a node without readers is not watched."""
+        out = [True] * len(wheres)
+        for node in {w.node for w in wheres}:
+            here = [i for i, n in enumerate(self.nodes) if n == node]
+            if not here:
+                continue
+            mine = [i for i, w in enumerate(wheres) if w.node == node]
+            try:
+                found = await self.readers[here[0]].alive.remote([wheres[i].pid for i in mine])
+            except _LOST:  # the reader restarts: look again next time
+                continue
+            for i, ok in zip(mine, found):
+                out[i] = ok
+        return out
 
 
 def connect(address: str | None) -> None:
@@ -168,17 +271,32 @@ class RayClient:
 
     def __init__(self, index: SourceIndex, config: LoaderConfig, fingerprint: int) -> None:
         connect(config.ray_address)
-        readers = config.num_readers or max(1, int(ray.available_resources().get("CPU", 1)))
         options = {"namespace": NAMESPACE}
         if config.name is not None:
             options.update(name=coordinator_name(config.name), get_if_exists=True)
         self.config = config
-        self.coordinator = Coordinator.options(**options).remote(index, config, fingerprint, readers)
-        _get(self.coordinator.attach.remote(fingerprint, config.name or "(unnamed)"))
+        shape = (fingerprint, config.locality, config.ranks_per_node)
+        self.coordinator = Coordinator.options(**options).remote(index, config, shape)
+        if _get(self.coordinator.attach.remote(shape, config.name or "(unnamed)")):
+            self.coordinator.set_readers.remote(self._start_readers(index, config))
+        self.where = Where(node=ray.get_runtime_context().get_node_id(), pid=os.getpid())
         self.closed = False
 
+    def _start_readers(self, index: SourceIndex, config: LoaderConfig) -> list:
+        """Reader actors (default one per CPU of the cluster), round-robin over the nodes with
+        CPUs, started beside the coordinator (not after it) so the first batch comes sooner."""
+        count = config.num_readers or max(1, int(ray.available_resources().get("CPU", 1)))
+        nodes = reader_nodes()
+        return [
+            Reader.options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(nodes[i % len(nodes)], soft=False),
+                max_restarts=READER_RESTARTS,
+            ).remote(index, config.max_seq_len, config.skip_corrupt)
+            for i in range(count)
+        ]
+
     def open(self, ranks: tuple[int, ...], epoch: int, start: Resume) -> RayStream:
-        return RayStream(self.coordinator, ranks, RunKey(epoch, start.step, start.cursor))
+        return RayStream(self.coordinator, ranks, RunKey(epoch, start.step, start.cursor), self.where)
 
     def stats(self) -> dict:
         return _get(self.coordinator.stats.remote())
@@ -204,20 +322,20 @@ class RayClient:
 
 
 class RayStream:
-    """Steps of one run for ``ranks``, one request per rank kept in flight ahead of the consumer.
+    """Messages of one run for ``ranks``, one request per rank kept in flight ahead of the consumer.
 
     Each request names the step it wants, so a call that failed in transit (Ray cannot tell
     whether it ran) is simply asked again. Ranks that did not reach the end leave the run on
     :meth:`close`, however the iteration stopped: a rank that failed must not hold the others.
     """
 
-    def __init__(self, coordinator, ranks: tuple[int, ...], key: RunKey) -> None:
+    def __init__(self, coordinator, ranks: tuple[int, ...], key: RunKey, where: Where) -> None:
         self.coordinator = coordinator
         self.ranks = ranks
         self.want = dict.fromkeys(ranks, key.step)  # rank -> the step it asks for next
         since, warned = time.monotonic(), False
         while True:
-            kind, value = _get(coordinator.open.remote(list(ranks), key, _POLL_S))
+            kind, value = _get(coordinator.open.remote(list(ranks), key, _POLL_S, where))
             if kind == "open":
                 break
             warned = _warn_once(value, since, warned)
@@ -225,31 +343,47 @@ class RayStream:
         self.members = set(ranks)  # ranks still in the run: leave it on close
         self.ahead = {rank: self._request(rank) for rank in ranks}
 
-    def next_step(self) -> dict[int, RankStep] | None:
-        """Every rank's share of the next step, or None at the end of the run."""
-        shares = {}
+    def next_message(self) -> dict[int, RankMessage] | None:
+        """Every rank's next message, or None at the end of the run."""
+        messages = {}
         since, warned = time.monotonic(), False
         for rank in self.ranks:
             if rank not in self.members:
                 continue
-            while (message := self._take(rank))[0] == "wait":
-                warned = _warn_once(message[1], since, warned)
+            while (reply := self._take(rank))[0] == "wait":
+                warned = _warn_once(reply[1], since, warned)
                 self.ahead[rank] = self._request(rank)
-            kind, value = message
+            kind, value = reply
             if kind != "step":  # the coordinator has finished the rank
                 self.members.discard(rank)
                 if kind == "error":
                     raise value
                 continue
-            # Map the rows it reads (zero-copy on this node) before asking for the next step: until then
-            # the coordinator holds this share, so the owner of these objects keeps its own reference
-            # while this process borrows them. Asked for first, a rank's fetch could wait forever on an
-            # object its owner had already let go (a rank "stopped taking its queued steps").
-            value.sources = ray.get(value.sources)
-            self.want[rank] = value.step + 1
+            # Map the rows it reads (zero-copy on this node; pieces packed for it on other nodes cross
+            # the network once) before asking for the next message: until then the coordinator holds
+            # this one, so the owner of these objects keeps its own reference while this process
+            # borrows them. Asked for first, a rank's fetch could wait forever on an object its owner
+            # had already let go (a rank "stopped taking its queued steps").
+            value = self._fetch_sources(rank, value)
+            self.want[rank] = value.last_step + 1
             self.ahead[rank] = self._request(rank)
-            shares[rank] = value
-        return shares or None
+            messages[rank] = value
+        return messages or None
+
+    def _fetch_sources(self, rank: int, message: RankMessage) -> RankMessage:
+        """Map the message's sources; rows lost with a dead reader are read again (``repair``)."""
+        for attempt in range(READ_ATTEMPTS):
+            try:
+                message.sources = ray.get([held.ref for held in message.sources])
+                return message
+            except ObjectLostError:
+                if attempt == READ_ATTEMPTS - 1:
+                    raise
+                kind, repaired = _get(self.coordinator.repair.remote(rank, self.run_id, message.first_step))
+                if kind != "step":
+                    raise RuntimeError(f"rank {rank}: step {message.first_step} was lost and its run has ended")
+                message = repaired
+        raise AssertionError("unreachable")
 
     def close(self) -> None:
         if self.members:  # ranks that did not reach the end leave the run
@@ -303,3 +437,13 @@ def _get(ref):
     except RayTaskError as exc:
         raise exc.cause from None
 
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (its parent has not reaped it yet)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] != b"Z"

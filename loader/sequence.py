@@ -11,10 +11,9 @@ from collections.abc import Iterator, Mapping
 import torch
 
 from balancer import CostModel
-from loader.assemble import RankStep
 from loader.config import LoaderConfig, fingerprint
 from loader.inline import InlineClient
-from loader.microbatch import Microbatch, microbatches
+from loader.microbatch import Microbatch, message_steps
 from loader.pipeline import Resume
 from loader.schema import Columns
 from loader.sources import index_source
@@ -56,6 +55,8 @@ class SequenceLoader:
         shuffle_window: int | None = None,
         pin_memory: bool = False,
         planner: str = "balanced",
+        locality: bool = True,
+        ranks_per_node: int | None = None,
     ) -> None:
         self.config = LoaderConfig(
             ranks=ranks, microbatches=microbatches, samples_per_step=samples_per_step,
@@ -63,7 +64,7 @@ class SequenceLoader:
             equal_count=equal_count, seed=seed, shuffle=shuffle, drop_last=drop_last, backend=backend,
             num_readers=num_readers, columns=columns, name=name, ray_address=ray_address,
             prefetch_steps=prefetch_steps, skip_corrupt=skip_corrupt, shuffle_window=shuffle_window,
-            pin_memory=pin_memory, planner=planner,
+            pin_memory=pin_memory, planner=planner, locality=locality, ranks_per_node=ranks_per_node,
         )  # fmt: skip
         if pin_memory and not torch.cuda.is_available():
             raise ValueError("pin_memory=True needs a CUDA device, and torch sees none; pass pin_memory=False")
@@ -101,17 +102,19 @@ class SequenceLoader:
     def _iterate(self, ranks: tuple[int, ...], epoch: int, *, per_step: bool):
         stream = self._client.open(ranks, epoch, self._start(ranks, epoch))
         try:
-            while (shares := stream.next_step()) is not None:
-                built = {r: microbatches(shares[r], pin_memory=self.config.pin_memory) for r in ranks}
-                if per_step:
-                    self._advance(ranks, epoch, shares)
-                    yield [built[r] for r in ranks]
-                    continue
-                (rank,) = ranks
-                *head, last = built[rank]
-                yield from head
-                self._advance(ranks, epoch, shares)  # the step is delivered once its last microbatch is
-                yield last
+            while (messages := stream.next_message()) is not None:
+                built = {r: message_steps(messages[r], pin_memory=self.config.pin_memory) for r in ranks}
+                cursors = messages[ranks[0]].cursors.tolist()
+                for k, cursor in enumerate(cursors):
+                    step = built[ranks[0]][k][0].step
+                    if per_step:
+                        self._advance(ranks, epoch, step, cursor)
+                        yield [built[r][k] for r in ranks]
+                        continue
+                    *head, last = built[ranks[0]][k]
+                    yield from head
+                    self._advance(ranks, epoch, step, cursor)  # a step is delivered once its last microbatch is
+                    yield last
         finally:
             stream.close()
 
@@ -123,11 +126,10 @@ class SequenceLoader:
             self._resumed.update(ranks)
             return self._resume[1]
 
-    def _advance(self, ranks: tuple[int, ...], epoch: int, shares: dict[int, RankStep]) -> None:
-        share = shares[ranks[0]]
+    def _advance(self, ranks: tuple[int, ...], epoch: int, step: int, cursor: int) -> None:
         with self._lock:
             for rank in ranks:
-                self._progress[rank] = (epoch, Resume(step=share.step + 1, cursor=share.cursor))
+                self._progress[rank] = (epoch, Resume(step=step + 1, cursor=cursor))
 
     def _check(self, *, rank: int, epoch: int) -> None:
         if self._closed:

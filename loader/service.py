@@ -1,22 +1,28 @@
-"""The coordinator's logic as plain asyncio: runs, per-rank bounded queues, backpressure, stats.
+"""The coordinator's logic as plain asyncio: runs, layouts, messages, bounded per-rank queues.
 
-No Ray here: the Ray coordinator actor is a thin shell that passes in how to read a unit (reader
-actors; a chunk and the object ref shares name it by) and how to store carried-over rows
-(``ray.put``), and tests drive this class directly. Shares hold handles, not event data: queues
-stay small, and trainers gather their rows from the readers' objects themselves.
+No Ray here: the Ray coordinator actor is a thin shell that passes in how to read a unit, how to
+pack rows on a node and how to tell whether a trainer process lives, and tests drive this class
+directly. The coordinator is a control plane: it receives each row group's statuses and lengths
+(:class:`loader.clean.UnitMeta`) and a *handle* to its decoded rows, which stay on the node that
+read them; it plans, and hands each rank a :class:`loader.assemble.RankMessage` of handles and
+indices. It never reads event data.
 
 A *run* is one pass over an epoch from a resume point, keyed by :class:`RunKey`. Ranks join it
-with :meth:`Service.open` (trainer processes that loaded the same state pass the same key and
-share one run), take steps with :meth:`Service.next` and finish by reaching the end or with
-:meth:`Service.leave`. A request names the step it wants, so one repeated after its reply was lost
-(a call that failed in transit may or may not have run) gets the same share again instead of
-the next one: no step is lost or skipped. The producer plans each step once and puts every rank's
-share into that rank's queue of ``prefetch_steps`` places:
+with :meth:`Service.open`, telling where they run (a node key, and a process id to watch); the
+plan's node layout is fixed once every rank has joined. Ranks take messages with
+:meth:`Service.next` and finish by reaching the end or with :meth:`Service.leave`. A request names
+the step it wants, so one repeated after its reply was lost (a call that failed in transit may or
+may not have run) gets the same message again instead of the next one: no step is lost or
+skipped. The producer plans each step once, groups consecutive steps into messages of about
+``message_bytes`` of events per rank (the first message one step, then doubling, so the first batch
+comes fast), and puts every rank's message into that rank's queue of ``prefetch_steps`` places:
 
-- a slow rank's full queue stops the producer (nothing is buffered beyond ``prefetch_steps`` steps
-  per rank), while faster ranks keep taking the steps already in their queues;
+- a slow rank's full queue stops the producer (nothing is buffered beyond ``prefetch_steps``
+  messages per rank), while faster ranks keep taking the messages already in their queues;
 - a run retires once every rank has finished it; a run with another key waits until then, so all
-  ranks must iterate the same epochs in the same order (each rank in its own process or thread).
+  ranks must iterate the same epochs in the same order (each rank in its own process or thread);
+- a rank whose process died (``alive`` says so) ends the run for every other rank with a named
+  error, so the launcher restarts the group instead of waiting on a dead peer.
 """
 
 from __future__ import annotations
@@ -24,15 +30,22 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from loader.clean import Chunk
+import numpy as np
+
+from loader.assemble import RankMessage, rank_message, route
+from loader.clean import UnitMeta
 from loader.config import LoaderConfig
+from loader.nodes import NodeLayout
 from loader.pipeline import EpochRun, PlannedStep, Resume
-from loader.rows import Rows
 from loader.sources import SourceIndex
 from loader.stats import Stats
+
+MESSAGE_BYTES = 4 << 20  # events per rank and message, once the ramp is done
+MAX_STEPS_PER_MESSAGE = 256
+WATCH_INTERVAL_S = 2.0  # how often the processes of the ranks in a run are checked
 
 
 @dataclass(frozen=True)
@@ -47,26 +60,43 @@ class RunKey:
         return f"epoch {self.epoch} from step {self.step}"
 
 
+@dataclass(frozen=True)
+class Where:
+    """Where a rank runs: ``node`` (a Ray node id; None outside the cluster) and ``pid``."""
+
+    node: object = None
+    pid: int | None = None
+
+
 class _Run:
     def __init__(self, run_id: int, key: RunKey, ranks: int, prefetch: int) -> None:
         self.id = run_id
         self.key = key
         self.queues = {rank: asyncio.Queue(prefetch) for rank in range(ranks)}
         self.joined: set[int] = set()
-        self.held: dict[int, object] = {}  # rank -> the share it was handed last, until it asks for a later step
+        self.where: dict[int, Where] = {}
+        self.all_joined = asyncio.Event()
+        self.asked: dict[int, int] = {}  # rank -> the step it asked for last
+        self.held: dict[int, RankMessage] = {}  # rank -> the message it was handed last, until it asks for a later step
         self.finished: set[int] = set()  # reached the end, saw an error, or left
         self.retired = asyncio.Event()
-        self.task: asyncio.Task | None = None
+        self.tasks: list[asyncio.Task] = []
         self.produced = 0  # steps planned so far
         self.blocked_on: int | None = None  # rank whose full queue holds the producer back
+        self.sender: _Sender | None = None
 
 
 class Service:
-    """Serves per-rank steps of one loader; see the module docstring.
+    """Serves per-rank messages of one loader; see the module docstring.
 
-    ``fetch(unit)`` reads one unit: awaitable (chunk, handle shares name its rows by), any reader,
-    any order; ``store(rows)`` gives the handle of rows carried over to the next block (called in a
-    worker thread); at most ``readahead`` units beyond the current block are read ahead.
+    ``fetch(unit, node)`` reads one unit, preferably on ``node`` (a node key; None: anywhere):
+    awaitable (meta, handle to its rows, key of the node that holds them). ``pack(node, pieces,
+    handles)`` gathers on ``node`` each rank's rows ``pieces[rank] = (unit, row)`` from the units'
+    ``handles`` into one object per rank: awaitable {rank: handle}, or :class:`SourcesLost`.
+    ``renew(handles)`` ({unit: (handle, node key)}): awaitable {unit: (handle, node key)} for the
+    units whose rows were lost (read again; default: nothing is ever lost). ``alive(wheres)``:
+    awaitable list of bools, whether each rank's process still runs (None: not watched). At most
+    ``readahead`` units beyond the current block are read ahead.
     """
 
     def __init__(
@@ -74,22 +104,30 @@ class Service:
         index: SourceIndex,
         config: LoaderConfig,
         *,
-        fetch: Callable[[int], Awaitable[tuple[Chunk, object]]],
-        store: Callable[[Rows], object],
+        fetch: Callable[[int, object], Awaitable[tuple[UnitMeta, object, object]]],
+        pack: Callable[[object, dict, dict], Awaitable[dict]],
         readahead: int,
+        alive: Callable[[list[Where]], Awaitable[list[bool]]] | None = None,
+        renew: Callable[[dict], Awaitable[dict]] | None = None,
+        message_bytes: int = MESSAGE_BYTES,
     ) -> None:
         self.index = index
         self.config = config
         self.fetch = fetch
-        self.store = store
+        self.pack = pack
+        self.alive = alive
+        self.renew = renew or _nothing_lost
         self.readahead = readahead
+        self.message_bytes = message_bytes
         self.stats = Stats(index.skipped_files)
         self.run: _Run | None = None
         self._ids = itertools.count()
+        dtypes = index.roles[0]
+        self.event_bytes = sum(np.dtype(t).itemsize for t in dtypes.values())  # per event, every column
 
-    async def open(self, ranks: list[int], key: RunKey, timeout: float) -> tuple[str, object]:
-        """Join ``ranks`` to the run ``key``: ``("open", run_id)``, or ``("wait", why)`` after
-        ``timeout`` seconds while another run is still being iterated."""
+    async def open(self, ranks: list[int], key: RunKey, timeout: float, where: Where = Where()) -> tuple[str, object]:
+        """Join ``ranks`` (running at ``where``) to the run ``key``: ``("open", run_id)``, or
+        ``("wait", why)`` after ``timeout`` seconds while another run is still being iterated."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
@@ -104,6 +142,9 @@ class Service:
                 )
             if run.key == key and not set(ranks) & run.finished:
                 run.joined.update(ranks)
+                run.where.update(dict.fromkeys(ranks, where))
+                if len(run.joined) == self.config.ranks:
+                    run.all_joined.set()
                 return "open", run.id
             try:
                 await asyncio.wait_for(run.retired.wait(), max(0.0, deadline - loop.time()))
@@ -111,40 +152,60 @@ class Service:
                 return "wait", f"{key} waits until every rank has finished {run.key}: {self._describe(run)}"
 
     async def next(self, rank: int, run_id: int, step: int, timeout: float) -> tuple[str, object]:
-        """The rank's message for step ``step`` (the step after the last one it received):
-        ``("step", RankStep)``, ``("end", None)``, ``("error", exception)``, or ``("wait", why)``
-        after ``timeout`` seconds without a step. Asking again for the step handed out last
-        returns that share again (its reply was lost); asking for a later one lets it go."""
+        """The rank's message starting at step ``step`` (the step after the last one it received):
+        ``("step", RankMessage)``, ``("end", None)``, ``("error", exception)``, or ``("wait", why)``
+        after ``timeout`` seconds without one. Asking again for the message handed out last
+        returns it again (its reply was lost); asking for a later step lets it go."""
         run = self.run
         if run is None or run.id != run_id or rank in run.finished:
             return "end", None
+        run.asked[rank] = step
         held = run.held.pop(rank, None)
-        if held is not None and held.step == step:
+        if held is not None and held.first_step == step:
             run.held[rank] = held
             return "step", held
         try:
             kind, value = await asyncio.wait_for(run.queues[rank].get(), timeout)
         except asyncio.TimeoutError:
-            return "wait", f"rank {rank} waits for step {run.produced} of {run.key}: {self._describe(run)}"
+            return "wait", f"rank {rank} waits for step {step} of {run.key}: {self._describe(run)}"
         if kind != "step":
             self._finish(run, rank)
-        elif value.step != step:
-            raise RuntimeError(f"rank {rank} asked for step {step} of {run.key} but step {value.step} is next")
+        elif value.first_step != step:
+            raise RuntimeError(f"rank {rank} asked for step {step} of {run.key} but step {value.first_step} is next")
         else:
             run.held[rank] = value
         return kind, value
 
+    async def repair(self, rank: int, run_id: int, step: int) -> tuple[str, object]:
+        """The message the rank was handed last (starting at ``step``), with its sources renewed:
+        a rank whose fetch found rows gone (their reader died) asks for this, and gets the same
+        rows from fresh reads. ``("step", RankMessage)``, or ``("end", None)`` if the run is gone."""
+        run = self.run
+        if run is None or run.id != run_id or rank in run.finished or run.sender is None:
+            return "end", None
+        message = run.held.get(rank)
+        if message is None or message.first_step != step:
+            raise RuntimeError(f"rank {rank} asked to repair step {step}, but it holds no message starting there")
+        units = np.unique(message.unit).tolist()
+        handles = {u: run.sender.handles.get(u, (None, None)) for u in units}
+        (repaired,) = await run.sender.complete([message], await run.sender.renew(handles))
+        return "step", repaired
+
     async def leave(self, ranks: list[int], run_id: int) -> None:
-        """``ranks`` stop iterating run ``run_id`` early; their queued steps are dropped."""
+        """``ranks`` stop iterating run ``run_id`` early; their queued messages are dropped."""
         run = self.run
         if run is not None and run.id == run_id:
             for rank in ranks:
                 if rank in run.joined:
                     self._finish(run, rank)
 
+    # ------------------------------------------------------------------ the run
+
     def _start(self, key: RunKey) -> _Run:
         run = _Run(next(self._ids), key, self.config.ranks, self.config.prefetch_steps)
-        run.task = asyncio.ensure_future(self._produce(run))
+        run.tasks.append(asyncio.ensure_future(self._produce(run)))
+        if self.alive is not None:
+            run.tasks.append(asyncio.ensure_future(self._watch(run)))
         return run
 
     def _finish(self, run: _Run, rank: int) -> None:
@@ -157,51 +218,108 @@ class Service:
             while not queue.empty():  # put here would block it again at prefetch_steps=1)
                 queue.get_nowait()
         if len(run.finished) == self.config.ranks:
-            run.task.cancel()
+            for task in run.tasks:
+                task.cancel()
             self.run = None
             run.retired.set()
 
+    def _fail(self, run: _Run, error: Exception) -> None:
+        """Every rank still in the run gets ``error`` instead of its remaining messages."""
+        for rank in range(self.config.ranks):
+            if rank not in run.finished:
+                queue = run.queues[rank]
+                while not queue.empty():
+                    queue.get_nowait()
+                queue.put_nowait(("error", error))
+
+    def _layout(self, run: _Run) -> tuple[NodeLayout | None, list]:
+        """The plan's node layout (None: no locality) and each rank's node key."""
+        keys = [run.where[rank].node for rank in range(self.config.ranks)]
+        if not self.config.locality:
+            return None, keys
+        if self.config.ranks_per_node is not None:
+            return NodeLayout.per_node(self.config.ranks, self.config.ranks_per_node), keys
+        if any(key is None for key in keys):  # a trainer outside the cluster: no locality
+            return None, keys
+        return NodeLayout.from_keys(keys), keys
+
     async def _produce(self, run: _Run) -> None:
         inflight: deque[asyncio.Future] = deque()
+        deliveries: asyncio.Queue = asyncio.Queue(2)
+        deliverer = asyncio.ensure_future(self._deliver(run, deliveries))
         try:
+            await run.all_joined.wait()
+            layout, rank_keys = self._layout(run)
+            home_keys = _home_keys(layout, rank_keys)
             epoch_run = EpochRun(self.index, self.config, epoch=run.key.epoch,
-                                 start=Resume(run.key.step, run.key.cursor), store=self.store)
+                                 start=Resume(run.key.step, run.key.cursor), layout=layout)
+            sender = run.sender = _Sender(self, run, epoch_run, rank_keys, deliveries)
             blocks = epoch_run.blocks()
-            sequence = (unit for block in blocks for unit in epoch_run.units(block))
+            sequence = ((block, i) for block in blocks for i in range(len(epoch_run.units(block))))
             for block in blocks:
                 need = len(epoch_run.units(block))
-                for unit in itertools.islice(sequence, max(0, need + self.readahead - len(inflight))):
-                    inflight.append(asyncio.ensure_future(self.fetch(unit)))
-                chunks, handles = zip(*[await inflight.popleft() for _ in range(need)])
-                await self._deliver(run, epoch_run.feed(block, list(chunks), list(handles)))
-            await self._deliver(run, epoch_run.finish())
-            self.stats.record(run.key.epoch, "end", epoch_run.tail)
+                for b, i in itertools.islice(sequence, max(0, need + self.readahead - len(inflight))):
+                    unit, home = epoch_run.units(b)[i], int(epoch_run.homes(b)[i])
+                    inflight.append(asyncio.ensure_future(self.fetch(unit, home_keys.get(home))))
+                reads = [await inflight.popleft() for _ in range(need)]
+                sender.hold(epoch_run.units(block), reads)
+                steps = await asyncio.to_thread(lambda: list(epoch_run.feed(block, [meta for meta, _, _ in reads])))
+                await sender.add(steps)
+            await sender.add(await asyncio.to_thread(lambda: list(epoch_run.finish())), last=True)
+            self.stats.record_end(run.key.epoch, epoch_run.tail)
+            await deliveries.put(None)
+            await deliverer
+        except asyncio.CancelledError:
+            deliverer.cancel()
+            raise
+        except Exception as exc:  # every rank gets the error instead of its remaining steps
+            deliverer.cancel()
+            self._fail(run, exc)
+        finally:
+            for future in inflight:
+                future.cancel()
+
+    async def _deliver(self, run: _Run, deliveries: asyncio.Queue) -> None:
+        """Queue each group's messages, in order, once its pieces are packed; then the end."""
+        try:
+            while (item := await deliveries.get()) is not None:
+                steps, messages = item
+                messages = await messages
+                for planned in steps:
+                    self.stats.record(planned)
+                run.produced = steps[-1].step + 1
+                for rank, message in enumerate(messages):
+                    if rank not in run.finished:
+                        run.blocked_on = rank
+                        await run.queues[rank].put(("step", message))
+                run.blocked_on = None
             for rank in range(self.config.ranks):
                 if rank not in run.finished:
                     await run.queues[rank].put(("end", None))
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # every rank gets the error instead of its remaining steps
-            for rank in range(self.config.ranks):
-                if rank not in run.finished:
-                    queue = run.queues[rank]
-                    while not queue.empty():
-                        queue.get_nowait()
-                    queue.put_nowait(("error", exc))
-        finally:
-            for future in inflight:
-                future.cancel()
+        except Exception as exc:
+            self._fail(run, exc)
 
-    async def _deliver(self, run: _Run, steps: Iterator[PlannedStep]) -> None:
-        """Plan each step in a worker thread, then queue every rank's share."""
-        while (planned := await asyncio.to_thread(next, steps, None)) is not None:
-            self.stats.record(planned.epoch, planned.step, planned.counts, planned.planner_seconds)
-            run.produced = planned.step + 1
-            for rank, share in enumerate(planned.shares):
-                if rank not in run.finished:
-                    run.blocked_on = rank
-                    await run.queues[rank].put(("step", share))
-            run.blocked_on = None
+    async def _watch(self, run: _Run) -> None:
+        """End the run with a named error when a rank's process is gone."""
+        while True:
+            await asyncio.sleep(WATCH_INTERVAL_S)
+            watched = sorted(r for r in run.joined - run.finished if run.where[r].pid is not None)
+            if not watched:
+                continue
+            alive = await self.alive([run.where[r] for r in watched])
+            dead = [rank for rank, ok in zip(watched, alive) if not ok]
+            if dead:
+                rank = dead[0]
+                step = run.asked.get(rank, run.key.step)
+                self._fail(run, RuntimeError(
+                    f"rank {rank}'s process died at step {step} of {run.key}; restart the job and load "
+                    "the last state (loader.load_state_dict)"
+                ))
+                for r in dead:
+                    run.finished.add(r)
+                return
 
     def _describe(self, run: _Run) -> str:
         never = sorted(set(range(self.config.ranks)) - run.joined)
@@ -209,7 +327,7 @@ class Service:
         if run.blocked_on is not None:
             parts.append(
                 f"the next waits for rank {run.blocked_on} to take one of its "
-                f"{self.config.prefetch_steps} queued steps"
+                f"{self.config.prefetch_steps} queued messages"
             )
         if never:
             parts.append(f"rank(s) {never} have not started iterating")
@@ -218,3 +336,120 @@ class Service:
             "or use iter_steps() to take all ranks in one loop"
         )
         return "; ".join(parts)
+
+
+async def _nothing_lost(handles: dict) -> dict:
+    return {}
+
+
+def _home_keys(layout: NodeLayout | None, rank_keys: list) -> dict[int, object]:
+    """Node key of each layout node (the node of its lowest rank), where readers should read."""
+    if layout is None:
+        return {}
+    keys: dict[int, object] = {}
+    for rank, node in enumerate(layout.rank_node.tolist()):
+        keys.setdefault(node, rank_keys[rank])
+    return keys
+
+
+class SourcesLost(Exception):
+    """A pack found some of its units' rows gone (the reader holding them died): renew and retry."""
+
+
+class _Sender:
+    """Groups planned steps into messages and sends each group's packing off; keeps the unit
+    handles that future steps still read (and only those)."""
+
+    def __init__(self, service: Service, run: _Run, epoch_run: EpochRun, rank_keys: list,
+                 deliveries: asyncio.Queue) -> None:
+        self.service = service
+        self.run = run
+        self.epoch_run = epoch_run
+        self.deliveries = deliveries
+        self.rank_keys = rank_keys
+        self.handles: dict[int, tuple[object, object]] = {}  # unit -> (handle, node key)
+        self.group: list[PlannedStep] = []
+        self.group_bytes = 0
+        self.size = 1  # steps in the next message: 1, then doubling, until message_bytes
+
+    def hold(self, units: list[int], reads: list[tuple]) -> None:
+        for unit, (_, handle, node) in zip(units, reads):
+            self.handles[unit] = (handle, node)
+
+    async def add(self, steps: list[PlannedStep], *, last: bool = False) -> None:
+        service = self.service
+        for planned in steps:
+            self.group.append(planned)
+            self.group_bytes += int(planned.lengths.sum()) * service.event_bytes // service.config.ranks
+            full = self.group_bytes >= service.message_bytes or len(self.group) >= MAX_STEPS_PER_MESSAGE
+            if len(self.group) >= self.size or full:
+                await self._send()
+                self.size = min(2 * self.size, MAX_STEPS_PER_MESSAGE)
+        if last and self.group:
+            await self._send()
+        needed = set(np.unique(self.epoch_run.pending[0]).tolist())
+        for planned in self.group:
+            needed.update(np.unique(planned.unit).tolist())
+        self.handles = {u: h for u, h in self.handles.items() if u in needed}
+
+    async def _send(self) -> None:
+        group, self.group, self.group_bytes = self.group, [], 0
+        units = np.unique(np.concatenate([planned.unit for planned in group])).tolist()
+        handles = {u: self.handles[u] for u in units}
+        messages = []
+        for rank in range(self.service.config.ranks):
+            messages.append(rank_message(group, rank, self.service.config.microbatches, self.service.index.roles))
+        await self.deliveries.put((group, asyncio.ensure_future(self.complete(messages, handles))))
+
+    async def complete(self, messages: list[RankMessage], handles: dict) -> list[RankMessage]:
+        """Route every message's rows from the current holders and pack the pieces; when a
+        holder died meanwhile, renew the handles (re-reading what was lost) and try again."""
+        for attempt in range(3):
+            try:
+                return await self._route(messages, handles)
+            except SourcesLost:
+                if attempt == 2:
+                    raise
+                handles = await self.renew(handles)
+        raise AssertionError("unreachable")
+
+    async def renew(self, handles: dict) -> dict:
+        """``handles`` with the lost ones replaced by fresh reads; the sender keeps the fresh ones too."""
+        fresh = await self.service.renew(handles)
+        for unit, held in fresh.items():
+            if unit in self.handles:
+                self.handles[unit] = held
+        return {**handles, **fresh}
+
+    async def _route(self, messages: list[RankMessage], handles: dict) -> list[RankMessage]:
+        nodes: dict[object, int] = {}  # node key -> number
+        holder = np.full(len(self.service.index.units), -1, dtype=np.int64)
+        for unit, (_, node) in handles.items():
+            holder[unit] = nodes.setdefault(node, len(nodes))
+        keys = {number: key for key, number in nodes.items()}
+        pieces: dict[int, dict[int, tuple]] = {}
+        routes = []
+        for message in messages:
+            key = self.rank_keys[message.rank]
+            way = route(message.unit, message.unit_row, holder, nodes.get(key) if key is not None else None)
+            for node, piece in way.pieces.items():
+                pieces.setdefault(node, {})[message.rank] = piece
+            routes.append(way)
+        packs = {
+            node: asyncio.ensure_future(self.service.pack(
+                keys[node], wanted, {u: handles[u][0] for u in _units_of(wanted)}))
+            for node, wanted in pieces.items()
+        }  # fmt: skip
+        try:
+            done = {node: await future for node, future in packs.items()}
+        finally:
+            for future in packs.values():
+                future.cancel()
+        for message, way in zip(messages, routes):
+            message.take(way, [handles[u][0] for u in way.units.tolist()],
+                         [done[node][message.rank] for node in way.nodes.tolist()])
+        return messages
+
+
+def _units_of(wanted: dict[int, tuple]) -> list[int]:
+    return np.unique(np.concatenate([unit for unit, _ in wanted.values()])).tolist()

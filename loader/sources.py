@@ -17,6 +17,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
@@ -71,6 +72,12 @@ class SourceIndex:
     def timestamps(self) -> str | None:
         """The timestamps column, if the files carry one."""
         return self.columns.timestamps if self.columns.timestamps in dict(self.lists) else None
+
+    @property
+    def roles(self) -> tuple[dict[str, np.dtype], str, str | None]:
+        """(dtype of every carried event column, the items column, the timestamps column or None)."""
+        dtypes = {column: np.dtype(t.to_pandas_dtype()) for column, t in self.lists}
+        return dtypes, self.columns.items, self.timestamps
 
     def describe(self, unit: int) -> str:
         """``path (row group g)`` for messages."""

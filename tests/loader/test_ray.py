@@ -128,15 +128,12 @@ def test_a_rank_nobody_iterates_is_reported(ray_address, data, monkeypatch):
     monkeypatch.setattr(ray_backend, "_WARN_AFTER_S", 1.0)
     with SequenceLoader(data, ranks=2, microbatches=1, samples_per_step=10, prefetch_steps=1, num_readers=1,
                         backend="ray") as loader:
-        steps = loader.iter_rank(0)
-        with warnings.catch_warnings(record=True):  # a slow start may warn already
-            next(steps)  # the pipeline is up; rank 1's queue fills, and then the producer waits on it
+        steps = loader.iter_rank(0)  # the plan waits for every rank to attach (their nodes shape it)
         with warnings.catch_warnings():
             warnings.simplefilter("error", RuntimeWarning)
-            with pytest.raises(RuntimeWarning, match=r"waits for rank 1 to take one of its 1 queued steps.*"
-                                                     r"rank\(s\) \[1\] have not started iterating"):
-                for _ in steps:
-                    pass
+            with pytest.raises(RuntimeWarning, match=r"rank 0 waits for step 0 of epoch 0 from step 0: 0 step\(s\) "
+                                                     r"planned; rank\(s\) \[1\] have not started iterating"):
+                next(steps)
 
 
 def _drain(loader, ranks, timeout=30.0):
@@ -162,18 +159,20 @@ def _drain(loader, ranks, timeout=30.0):
 
 def _fail_reply(monkeypatch, error, rank=1, step=2):
     """Rank ``rank``'s reply carrying step ``step`` runs on the coordinator, then raises ``error``
-    on the way back (once), as a Ray call that fails in transit does."""
+    on the way back (once), as a Ray call that fails in transit does. Returns the first steps of
+    the failed messages (one, once it failed)."""
     real, failed = ray_backend._get, []
 
     def get(ref):
         value = real(ref)
-        kind, share = value if isinstance(value, tuple) else (None, None)
-        if not failed and kind == "step" and (share.rank, share.step) == (rank, step):
-            failed.append(step)
+        kind, message = value if isinstance(value, tuple) else (None, None)
+        if not failed and kind == "step" and message.rank == rank and message.first_step <= step <= message.last_step:
+            failed.append(message.first_step)
             raise error
         return value
 
     monkeypatch.setattr(ray_backend, "_get", get)
+    return failed
 
 
 KWARGS = dict(ranks=3, microbatches=2, samples_per_step=24, shuffle_window=50, seed=5, num_readers=2)
@@ -191,23 +190,24 @@ def test_a_reply_lost_in_transit_is_asked_for_again(ray_address, data, monkeypat
 
 
 def test_a_rank_that_fails_does_not_hold_the_others(ray_address, data, monkeypatch):
-    _fail_reply(monkeypatch, RuntimeError("injected failure"))
+    failed = _fail_reply(monkeypatch, RuntimeError("injected failure"))
     with SequenceLoader(data, backend="ray", **KWARGS) as loader:
         per_rank, errors, finished = _drain(loader, 3)
     assert finished and list(errors) == [1] and "injected failure" in str(errors[1])
     with SequenceLoader(data, backend="inline", **KWARGS) as inline:
         steps = len(collect(inline))
-    assert [len(per_rank[r]) for r in (0, 2)] == [2 * steps, 2 * steps] and len(per_rank[1]) == 2 * 2
+    # rank 1 got every step before the failed message; the others got every step
+    assert [len(per_rank[r]) for r in (0, 2)] == [2 * steps, 2 * steps] and len(per_rank[1]) == 2 * failed[0] > 0
 
 
 def test_a_rank_maps_its_rows_before_asking_for_the_next_step(ray_address, data, monkeypatch):
-    # The coordinator holds the share it handed out last until the rank asks for a later step, so mapping
+    # The coordinator holds the message it handed out last until the rank asks for a later step, so mapping
     # the rows first means their owner still holds them while this process borrows them. Asked for first,
     # a rank could wait forever for a row group its owner had let go (the bench's stalled rank).
     events, real_get, real_request = [], ray.get, ray_backend.RayStream._request
 
     def get(refs, **kwargs):
-        if isinstance(refs, list):  # a share's sources
+        if isinstance(refs, list):  # a message's sources
             events.append("map")
         return real_get(refs, **kwargs)
 
@@ -220,4 +220,5 @@ def test_a_rank_maps_its_rows_before_asking_for_the_next_step(ray_address, data,
     with SequenceLoader(data, ranks=1, microbatches=2, samples_per_step=40, num_readers=2, backend="ray") as loader:
         assert sum(1 for _ in loader.iter_rank(0)) == 2 * 5
     asks = [i for i, e in enumerate(events) if e != "map" and e[1] > 0 and events[i - 1] != e]  # repeats: "wait"
-    assert len(asks) == 5 and all(events[i - 1] == "map" for i in asks), events
+    # messages of 1, 2, then 2 (the rest) steps: asked for steps 1, 3 and 5 (the end), each after mapping
+    assert [events[i][1] for i in asks] == [1, 3, 5] and all(events[i - 1] == "map" for i in asks), events

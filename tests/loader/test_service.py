@@ -6,12 +6,13 @@ import weakref
 
 import pytest
 
+from loader.assemble import pack
 from loader.config import LoaderConfig
 from loader.inline import InlineClient
-from loader.microbatch import microbatches
+from loader.microbatch import message_steps
 from loader.pipeline import Resume
 from loader.read import read_unit
-from loader.service import RunKey, Service
+from loader.service import RunKey, Service, Where
 from loader.sources import index_source
 
 from .helpers import record, synth
@@ -26,12 +27,20 @@ def _service(index, *, fetch=None, **kwargs):
     config = LoaderConfig(**{"ranks": 2, "microbatches": 2, "samples_per_step": 10, "shuffle_window": 30,
                              "backend": "inline", **kwargs})
 
-    async def read(unit):
+    async def read(unit, node):
         await asyncio.sleep(random.random() * 0.01)  # reads finish in any order
         chunk = read_unit(index, unit, max_seq_len=None, skip_corrupt=False)
-        return chunk, chunk.rows
+        return chunk.meta(), chunk.rows, "node-a"
 
-    return Service(index, config, fetch=fetch or read, store=lambda rows: rows, readahead=4), config
+    async def pack_on(node, pieces, handles):
+        return {rank: pack(handles, unit, row, index.roles[0]) for rank, (unit, row) in pieces.items()}
+
+    # one step per message, so the tests speak in steps
+    service = Service(index, config, fetch=fetch or read, pack=pack_on, readahead=4, message_bytes=0)
+    return service, config
+
+
+HERE = Where(node="node-a")  # the ranks run where the rows are: every row is read in place
 
 
 _wanted = weakref.WeakKeyDictionary()  # service -> {(run, rank): the step after the last one received}
@@ -42,14 +51,15 @@ async def _take(service, rank, run_id, timeout=5.0):
     wanted = _wanted.setdefault(service, {})
     kind, value = await service.next(rank, run_id, wanted.get((run_id, rank), 0), timeout)
     if kind == "step":
-        wanted[run_id, rank] = value.step + 1
+        wanted[run_id, rank] = value.last_step + 1
     return kind, value
 
 
 def test_steps_equal_inline_whatever_order_reads_finish(index):
     async def main():
         service, config = _service(index, seed=4)
-        _, run_id = await service.open([0, 1], RunKey(0), 5.0)
+        _, run_id = await service.open([0], RunKey(0), 5.0, HERE)
+        _, run_id = await service.open([1], RunKey(0), 5.0)  # outside the cluster: its rows come packed
         steps = []
         while True:
             shares = [await _take(service, r, run_id) for r in (0, 1)]
@@ -61,32 +71,34 @@ def test_steps_equal_inline_whatever_order_reads_finish(index):
     steps, config = asyncio.run(main())
     client = InlineClient(index, config)
     inline = client.open((0, 1), 0, Resume())
-    for shares in steps:
-        expected = inline.next_step()
-        for rank, share in enumerate(shares):
-            assert [record(mb) for mb in microbatches(share)] == [record(mb) for mb in microbatches(expected[rank])]
-    assert inline.next_step() is None and len(steps) == 16
+    for messages in steps:
+        expected = inline.next_message()
+        assert messages[0].piece_rows == 0 and messages[1].piece_rows == len(messages[1].source) > 0
+        for rank, message in enumerate(messages):
+            got, want = message_steps(message), message_steps(expected[rank])
+            assert [[record(mb) for mb in step] for step in got] == [[record(mb) for mb in step] for step in want]
+    assert inline.next_message() is None and len(steps) == 16
     client.close()
 
 
 def test_a_slow_rank_bounds_the_queues_but_not_the_fast_rank(index):
     async def main():
         service, config = _service(index, prefetch_steps=2)
-        _, run_id = await service.open([0, 1], RunKey(0), 5.0)
+        _, run_id = await service.open([0, 1], RunKey(0), 5.0, HERE)
         taken = []
         while (message := await _take(service, 0, run_id, timeout=0.5))[0] == "step":
-            taken.append(message[1].step)
+            taken.append(message[1].first_step)
         # rank 0 got what was queued: prefetch_steps steps, plus the one planned before the
         # producer blocked on rank 1's full queue; nothing more was planned
         assert taken == [0, 1, 2] and service.run.produced == 3
-        assert message[0] == "wait" and "waits for rank 1 to take one of its 2 queued steps" in message[1]
+        assert message[0] == "wait" and "waits for rank 1 to take one of its 2 queued messages" in message[1]
         assert service.run.queues[1].qsize() == 2
-        assert (await _take(service, 1, run_id))[1].step == 0  # rank 1 takes one: rank 0 gets one more
-        assert (await _take(service, 0, run_id))[1].step == 3
+        assert (await _take(service, 1, run_id))[1].first_step == 0  # rank 1 takes one: rank 0 gets one more
+        assert (await _take(service, 0, run_id))[1].first_step == 3
         await service.leave([1], run_id)  # rank 1 stops early: rank 0 runs to the end
         rest = []
         while (message := await _take(service, 0, run_id))[0] == "step":
-            rest.append(message[1].step)
+            rest.append(message[1].first_step)
         assert message[0] == "end" and rest == list(range(4, 16))
         assert service.run is None  # every rank finished: the run retired
         assert service.stats.as_dict()["rows_delivered"] == 160
@@ -113,12 +125,12 @@ def test_runs_queue_up_and_a_rank_iterates_once_at_a_time(index):
 
 
 def test_a_failed_read_reaches_every_rank(index):
-    async def fetch(unit):
+    async def fetch(unit, node):
         raise ValueError(f"unit {unit} is broken")
 
     async def main():
         service, _ = _service(index, fetch=fetch)
-        _, run_id = await service.open([0, 1], RunKey(0), 5.0)
+        _, run_id = await service.open([0, 1], RunKey(0), 5.0, HERE)
         for rank in (0, 1):
             kind, error = await _take(service, rank, run_id)
             assert kind == "error" and isinstance(error, ValueError) and "is broken" in str(error)
@@ -131,13 +143,13 @@ def test_a_request_repeated_after_its_reply_was_lost_gets_the_same_step(index):
     # A Ray call that fails in transit may or may not have run; the trainer asks for the same step again.
     async def main():
         service, _ = _service(index)
-        _, run_id = await service.open([0, 1], RunKey(0), 5.0)
+        _, run_id = await service.open([0, 1], RunKey(0), 5.0, HERE)
         kind, lost = await service.next(0, run_id, 0, 5.0)  # ran, but its reply never arrived
-        assert kind == "step" and lost.step == 0
+        assert kind == "step" and lost.first_step == 0
         kind, again = await service.next(0, run_id, 0, 5.0)
-        assert kind == "step" and again is lost  # the same share, not step 1
-        assert (await service.next(0, run_id, 1, 5.0))[1].step == 1  # asking for a later step moves on
-        assert [(await service.next(1, run_id, step, 5.0))[1].step for step in (0, 1)] == [0, 1]
+        assert kind == "step" and again is lost  # the same message, not step 1
+        assert (await service.next(0, run_id, 1, 5.0))[1].first_step == 1  # asking for a later step moves on
+        assert [(await service.next(1, run_id, step, 5.0))[1].first_step for step in (0, 1)] == [0, 1]
 
     asyncio.run(main())
 
@@ -145,13 +157,13 @@ def test_a_request_repeated_after_its_reply_was_lost_gets_the_same_step(index):
 def test_a_rank_leaving_frees_the_producer_blocked_on_its_queue(index):
     async def main():
         service, _ = _service(index, prefetch_steps=1)
-        _, run_id = await service.open([0, 1], RunKey(0), 5.0)
+        _, run_id = await service.open([0, 1], RunKey(0), 5.0, HERE)
         while (await _take(service, 0, run_id, timeout=0.5))[0] == "step":
             pass  # until the producer waits on rank 1's full queue
         await service.leave([1], run_id)
         rest = []
         while (message := await _take(service, 0, run_id, timeout=2.0))[0] == "step":
-            rest.append(message[1].step)
+            rest.append(message[1].first_step)
         assert message[0] == "end" and rest == list(range(2, 16))
 
     asyncio.run(main())
