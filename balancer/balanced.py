@@ -95,17 +95,17 @@ def column_levels(desc_costs: np.ndarray, ranks: int, microbatches: int) -> np.n
         remaining = max(remaining - ranks * levels[j], 0.0)
     below = levels < levels[0]
     levels[below] = np.minimum(levels[below] * (1.0 + LEVEL_SLACK), levels[0])
-    return _positive(levels)
+    return positive_levels(levels)
 
 
-def _positive(levels: np.ndarray) -> np.ndarray:
+def positive_levels(levels: np.ndarray) -> np.ndarray:
     """Levels with empty slots raised to a tiny positive level (refine divides nothing by them, but a
     zero threshold would count any sample there as excess)."""
     return np.maximum(levels, levels[0] * 1e-9 if levels[0] > 0 else 1.0)
 
 
 @dataclass
-class _Candidate:
+class Candidate:
     bins: np.ndarray  # int64 (N,): bin of each sample, b = rank * M + slot before the layout
     flat: bool  # one level: bins carry no rank structure yet
     index: int  # the start's place in START_ORDER: ties in the choice go to the earlier start
@@ -164,7 +164,7 @@ class _Starts:
                 or small):
             yield from columned
 
-    def run(self, name: str) -> _Candidate | None:
+    def run(self, name: str) -> Candidate | None:
         """The named start, refined and laid out; None where it found no plan within the constraints."""
         p = self.problem
         quotas, lo, n_extra = p.quotas()
@@ -190,16 +190,16 @@ class _Starts:
         else:
             bins, fill_levels = column_fill(self.order, p.costs, p.lengths, p.ranks, p.microbatches, p.token_cap(),
                                             quotas, lo, n_extra)
-            columns, levels = self.columns, _positive(fill_levels)
+            columns, levels = self.columns, positive_levels(fill_levels)
         if bins is None or np.any(bins < 0):
             return None
-        _refined(p, bins, columns, levels, self.costliest)
+        refined(p, bins, columns, levels, self.costliest)
         flat = levels is self.flat_level
-        cand = _Candidate(bins, flat, START_ORDER.index(name))
-        _layout(p, cand)
+        cand = Candidate(bins, flat, START_ORDER.index(name))
+        lay_out(p, cand)
         return cand
 
-    def certified(self, cand: _Candidate) -> bool:
+    def certified(self, cand: Candidate) -> bool:
         """No other start can do better than ``cand`` by more than CHOICE_TOLERANCE: its peak is at the
         lower bound (and not above the lpt start's, or exactly at the bound before that start ran) and
         its lockstep time at its floor ``max(total / R, costliest sample)``."""
@@ -214,7 +214,7 @@ def balanced(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
     if not problem.n:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     starts = _Starts(problem)
-    candidates: list[_Candidate] = []
+    candidates: list[Candidate] = []
     for name in starts.schedule():
         cand = starts.run(name)
         if cand is not None:
@@ -242,7 +242,7 @@ def _zigzag_start(problem: Problem, order: np.ndarray) -> np.ndarray | None:
     return None
 
 
-def _refined(problem: Problem, bins: np.ndarray, columns: np.ndarray, levels: np.ndarray,
+def refined(problem: Problem, bins: np.ndarray, columns: np.ndarray, levels: np.ndarray,
              costliest: float) -> np.ndarray:
     quotas, lo, n_extra = problem.quotas()
     work = REFINE_WORK_PER_SAMPLE * max(problem.n, problem.n_bins)
@@ -262,7 +262,7 @@ def _peak(problem: Problem, bins: np.ndarray) -> float:
     return float(np.bincount(bins, weights=problem.costs, minlength=problem.n_bins).max())
 
 
-def _layout(problem: Problem, cand: _Candidate) -> None:
+def lay_out(problem: Problem, cand: Candidate) -> None:
     """Ranks and slots of ``cand``'s bins (flat plans regrouped onto ranks without ``equal_count``; each
     rank's microbatches heaviest first), its peak, lockstep bubble and lockstep time."""
     R, M, n_bins = problem.ranks, problem.microbatches, problem.n_bins
@@ -282,7 +282,7 @@ def _layout(problem: Problem, cand: _Candidate) -> None:
     cand.lockstep = float(grid.max(axis=0).sum())
 
 
-def _choose(candidates: list[_Candidate], ceiling: float) -> _Candidate:
+def _choose(candidates: list[Candidate], ceiling: float) -> Candidate:
     """Lowest peak; peaks within CHOICE_TOLERANCE (and not above ``ceiling``) tie, lower bubble wins."""
     best_peak = min(c.peak for c in candidates)
     bar = min(best_peak * (1.0 + CHOICE_TOLERANCE), max(ceiling, best_peak))

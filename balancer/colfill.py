@@ -18,6 +18,14 @@ taken in the given order (costliest first):
   or the quotas leave no rank feasible there, to the least loaded feasible bin of any slot (ties:
   lowest bin id); if there is none the start fails (its samples stay -1).
 
+Grouped (``column_fill_grouped``, the locality planner's start): every sample prefers a contiguous range
+of ranks, its group (the ranks of the node it was assigned to). Below the last slot, a slot takes two
+sweeps over the samples left: the first offers each sample only its group's ranks (first fit), the
+second offers those that found no room every rank (first fit), so a sample leaves its group only for room
+its group's own samples did not take. In the last slot, a sample goes to the least loaded feasible rank of
+its group if that keeps the bin within the level, else to the least loaded feasible rank of all (ties: the
+group's choice, then the lowest id). With one group of all ranks this is ``column_fill`` exactly.
+
 Returns each sample's bin ``rank * M + slot`` (int64 (N,)) and the slot levels (float64 (M,)). Work is
 O(N * R * M): ``balanced`` runs it only where that is small.
 """
@@ -32,6 +40,25 @@ from balancer.runs import _room
 
 @njit(cache=True, nogil=True)
 def column_fill(order, costs, lengths, ranks, microbatches, token_cap, quotas, lo, n_extra):
+    """Every sample may go to any rank (one group of all ranks): see the module docstring."""
+    return column_fill_grouped(order, costs, lengths, ranks, microbatches, token_cap, quotas, lo, n_extra,
+                               np.zeros(costs.shape[0], dtype=np.int64), np.array([0, ranks], dtype=np.int64))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _open(c, i, tokens, lengths, token_cap, rank_counts, quotas, lo, n_at_hi, n_extra, microbatches):
+    """Bin ``c`` can take sample ``i`` under the token cap and its rank's quota."""
+    if token_cap > 0 and tokens[c] + lengths[i] > token_cap:
+        return False
+    return _room(rank_counts, c // microbatches, quotas, lo, n_at_hi, n_extra)
+
+
+@njit(cache=True, nogil=True)
+def column_fill_grouped(order, costs, lengths, ranks, microbatches, token_cap, quotas, lo, n_extra, group,
+                        group_start):
+    """``column_fill`` where sample i prefers the ranks ``group_start[group[i]] .. group_start[group[i] + 1] - 1``
+    (``group`` int64 (N,), ``group_start`` int64 (G + 1,), ascending from 0 to ``ranks``): see the module
+    docstring's grouped rules."""
     n = order.shape[0]
     bins = np.full(costs.shape[0], -1, dtype=np.int64)
     levels = np.zeros(microbatches, dtype=np.float64)
@@ -50,50 +77,67 @@ def column_fill(order, costs, lengths, ranks, microbatches, token_cap, quotas, l
         level = max(left_cost / (ranks * (microbatches - j)), costs[remaining[0]])
         levels[j] = level
         last = j == microbatches - 1
-        kept = 0
-        for p in range(n_left):
-            i = remaining[p]
-            b = -1
-            for r in range(ranks):
-                c = r * microbatches + j
-                if token_cap > 0 and tokens[c] + lengths[i] > token_cap:
-                    continue
-                if not _room(rank_counts, r, quotas, lo, n_at_hi, n_extra):
-                    continue
-                if last:
-                    if b < 0 or loads[c] < loads[b]:
-                        b = c
-                elif loads[c] + costs[i] <= level:
-                    b = c
-                    break
-            if b < 0 and last:  # the last slot is full under the cap: the least loaded bin with room
-                for c in range(ranks * microbatches):
-                    if token_cap > 0 and tokens[c] + lengths[i] > token_cap:
+        for sweep in range(1 if last else 2):  # own group's ranks first, then (below the last slot) all ranks
+            kept = 0
+            for p in range(n_left):
+                i = remaining[p]
+                first, stop = group_start[group[i]], group_start[group[i] + 1]
+                if sweep == 1:
+                    if stop - first == ranks:
+                        remaining[kept] = i  # already tried every rank
+                        kept += 1
                         continue
-                    if not _room(rank_counts, c // microbatches, quotas, lo, n_at_hi, n_extra):
+                    first, stop = 0, ranks
+                b = -1
+                for r in range(first, stop):
+                    c = r * microbatches + j
+                    if not _open(c, i, tokens, lengths, token_cap, rank_counts, quotas, lo, n_at_hi, n_extra,
+                                 microbatches):
                         continue
-                    if b < 0 or loads[c] < loads[b]:
+                    if last:
+                        if b < 0 or loads[c] < loads[b]:
+                            b = c
+                    elif loads[c] + costs[i] <= level:
                         b = c
-                if b < 0:
-                    return np.full(costs.shape[0], -1, dtype=np.int64), levels
-            elif b < 0:
-                remaining[kept] = i
-                kept += 1
-                continue
-            bins[i] = b
-            loads[b] += costs[i]
-            tokens[b] += lengths[i]
-            target = b // microbatches
-            rank_counts[target] += 1
-            if quotas and rank_counts[target] == lo + 1:
-                n_at_hi += 1
-            left_cost -= costs[i]
-        n_left = kept
+                        break
+                if last and (b < 0 or loads[b] + costs[i] > level):  # own group full: least loaded of all
+                    for r in range(ranks):
+                        c = r * microbatches + j
+                        if _open(c, i, tokens, lengths, token_cap, rank_counts, quotas, lo, n_at_hi, n_extra,
+                                 microbatches) and (b < 0 or loads[c] < loads[b]):
+                            b = c
+                if b < 0 and last:  # the last slot is full under the cap: the least loaded bin with room
+                    for c in range(ranks * microbatches):
+                        if _open(c, i, tokens, lengths, token_cap, rank_counts, quotas, lo, n_at_hi, n_extra,
+                                 microbatches) and (b < 0 or loads[c] < loads[b]):
+                            b = c
+                    if b < 0:
+                        return np.full(costs.shape[0], -1, dtype=np.int64), levels
+                elif b < 0:
+                    remaining[kept] = i
+                    kept += 1
+                    continue
+                bins[i] = b
+                loads[b] += costs[i]
+                tokens[b] += lengths[i]
+                target = b // microbatches
+                rank_counts[target] += 1
+                if quotas and rank_counts[target] == lo + 1:
+                    n_at_hi += 1
+                left_cost -= costs[i]
+            n_left = kept
     return bins, levels
 
 
 def column_fill_ref(order, costs, lengths, ranks, microbatches, token_cap, quotas, lo, n_extra):
     """Plain twin of ``column_fill``."""
+    return column_fill_grouped_ref(order, costs, lengths, ranks, microbatches, token_cap, quotas, lo, n_extra,
+                                   np.zeros(len(costs), dtype=np.int64), np.array([0, ranks]))
+
+
+def column_fill_grouped_ref(order, costs, lengths, ranks, microbatches, token_cap, quotas, lo, n_extra, group,
+                            group_start):
+    """Plain twin of ``column_fill_grouped``."""
     bins = np.full(len(costs), -1, dtype=np.int64)
     levels = np.zeros(microbatches)
     rank_counts = [0] * ranks
@@ -108,34 +152,45 @@ def column_fill_ref(order, costs, lengths, ranks, microbatches, token_cap, quota
             break
         level = max(left_cost / (ranks * (microbatches - j)), costs[remaining[0]])
         levels[j] = level
-        kept = []
-        for i in remaining:
-            room = (lo + 1 if n_at_hi < n_extra else lo)
+        last = j == microbatches - 1
+        for sweep in range(1 if last else 2):
+            kept = []
+            for i in remaining:
+                room = (lo + 1 if n_at_hi < n_extra else lo)
 
-            def open_bin(c):
-                return ((token_cap <= 0 or tokens[c] + lengths[i] <= token_cap)
-                        and (not quotas or rank_counts[c // microbatches] < room))
+                def open_bin(c):
+                    return ((token_cap <= 0 or tokens[c] + lengths[i] <= token_cap)
+                            and (not quotas or rank_counts[c // microbatches] < room))
 
-            in_slot = [r * microbatches + j for r in range(ranks) if open_bin(r * microbatches + j)]
-            if j == microbatches - 1 and in_slot:
-                b = min(in_slot, key=lambda c: (loads[c], c))
-            elif j == microbatches - 1:  # the last slot is full under the cap: the least loaded bin with room
-                anywhere = [c for c in range(ranks * microbatches) if open_bin(c)]
-                if not anywhere:
-                    return np.full(len(costs), -1, dtype=np.int64), levels
-                b = min(anywhere, key=lambda c: (loads[c], c))
-            else:
-                fits = [c for c in in_slot if loads[c] + costs[i] <= level]
-                if not fits:
+                own = range(group_start[group[i]], group_start[group[i] + 1])
+                if sweep == 1 and len(own) == ranks:
                     kept.append(i)
                     continue
-                b = fits[0]
-            bins[i] = b
-            loads[b] += costs[i]
-            tokens[b] += int(lengths[i])
-            rank_counts[b // microbatches] += 1
-            if quotas and rank_counts[b // microbatches] == lo + 1:
-                n_at_hi += 1
-            left_cost -= costs[i]
-        remaining = kept
+                scan = own if sweep == 0 else range(ranks)
+                in_slot = [r * microbatches + j for r in scan if open_bin(r * microbatches + j)]
+                if last:
+                    b = min(in_slot, key=lambda c: (loads[c], c)) if in_slot else -1
+                    if b < 0 or loads[b] + costs[i] > level:
+                        every = [c for c in range(j, ranks * microbatches, microbatches) if open_bin(c)]
+                        if every and (b < 0 or min(loads[c] for c in every) < loads[b]):
+                            b = min(every, key=lambda c: (loads[c], c))
+                    if b < 0:  # the last slot is full under the cap: the least loaded bin with room
+                        anywhere = [c for c in range(ranks * microbatches) if open_bin(c)]
+                        if not anywhere:
+                            return np.full(len(costs), -1, dtype=np.int64), levels
+                        b = min(anywhere, key=lambda c: (loads[c], c))
+                else:
+                    fits = [c for c in in_slot if loads[c] + costs[i] <= level]
+                    if not fits:
+                        kept.append(i)
+                        continue
+                    b = fits[0]
+                bins[i] = b
+                loads[b] += costs[i]
+                tokens[b] += int(lengths[i])
+                rank_counts[b // microbatches] += 1
+                if quotas and rank_counts[b // microbatches] == lo + 1:
+                    n_at_hi += 1
+                left_cost -= costs[i]
+            remaining = kept
     return bins, levels

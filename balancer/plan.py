@@ -12,12 +12,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from balancer.cost import DEFAULT_COST_MODEL, CostModel
+from balancer.locality import crossing, plan_local, validate_layout
 from balancer.metrics import balance_metrics
 from balancer.registry import Problem, get_planner
 
 # Planners that honour ``max_tokens`` and ``equal_count``; the others are reference baselines that
 # are equal-count by construction and do not know about token caps (their violations are counted).
 CONSTRAINT_AWARE = frozenset({"balanced", "lpt"})
+# Planners that keep samples on their home node (``home``/``rank_node``); the others only report crossing.
+LOCALITY_AWARE = frozenset({"balanced"})
 
 
 @dataclass
@@ -68,12 +71,23 @@ def plan(
     equal_count: bool = False,
     method: str = "balanced",
     seed: int = 0,
+    home=None,
+    rank_node=None,
 ) -> Plan:
     """Split one global batch of sequence ``lengths`` into ``ranks`` x ``microbatches`` bins.
 
     ``method``: ``balanced`` (ours) or a reference planner ``naive``, ``zigzag``, ``kk``, ``lpt``.
     ``max_tokens`` caps the summed length of every microbatch; ``equal_count`` gives every rank
     the same number of samples (+-1). Same inputs, same plan. See ``docs/planner.md``.
+
+    ``home`` int (N,), the node that read each sample, and ``rank_node`` int (R,), the node each rank
+    runs on (both or neither; nodes ``0 .. max(rank_node)``): ``balanced`` then keeps samples on their
+    home node wherever balance allows (``balancer.locality``): its plan is kept only while its peak and
+    lockstep time stay within 0.1% of the plan without locality, else that plan is used with its ranks
+    placed to keep the most tokens home. With every rank on one node the plan is the one without
+    locality. ``metrics`` report ``crossing_samples`` and ``crossing_tokens`` (fractions placed on a rank
+    of another node than their home; 0.0 without ``home``) for every method, and ``locality_fallback``
+    (1 when the rule fell back).
     """
     planner = get_planner(method)
     ranks = _positive_int("ranks", ranks)
@@ -87,13 +101,21 @@ def plan(
         _check_token_cap(lengths, max_tokens, ranks * microbatches)
     if not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    layout = validate_layout(home, rank_node, lengths.size, ranks)
     costs = cost_model.cost(lengths)
     problem = Problem(lengths, costs, ranks, microbatches, max_tokens, bool(equal_count), int(seed), cost_model)
 
     start = time.perf_counter()
-    rank, microbatch = planner(problem)
+    kept = True
+    if layout is not None and method in LOCALITY_AWARE and layout.spans_nodes:
+        rank, microbatch, kept = plan_local(problem, layout, planner)
+    else:
+        rank, microbatch = planner(problem)
     seconds = time.perf_counter() - start
-    return _assemble(problem, method, rank, microbatch, seconds)
+    result = _assemble(problem, method, rank, microbatch, seconds)
+    away = (0.0, 0.0) if layout is None else crossing(layout, problem.lengths, result.rank)
+    result.metrics.update(crossing_samples=away[0], crossing_tokens=away[1], locality_fallback=int(not kept))
+    return result
 
 
 def validate_lengths(lengths) -> np.ndarray:

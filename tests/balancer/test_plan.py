@@ -100,8 +100,11 @@ def test_plan_invariants(method, problem, seed):
 def test_balanced_never_worse_than_lpt(problem):
     lengths, R, M, equal_count, max_tokens = problem
     kw = dict(ranks=R, microbatches=M, equal_count=equal_count, max_tokens=max_tokens)
-    ours = plan(lengths, method="balanced", **kw).metrics["max_over_lower_bound"]
-    assert ours <= plan(lengths, method="lpt", **kw).metrics["max_over_lower_bound"]
+    try:
+        theirs = plan(lengths, method="lpt", **kw).metrics["max_over_lower_bound"]
+    except ValueError:  # a cap with equal_count can leave no packing at all (a 6 and eleven 1s, 6 ranks, cap 6)
+        return
+    assert plan(lengths, method="balanced", **kw).metrics["max_over_lower_bound"] <= theirs
 
 
 def test_balanced_reaches_the_bound_on_many_samples():

@@ -1,0 +1,373 @@
+"""Locality-aware ``balanced`` planning: samples stay on their home node wherever balance allows.
+
+Every sample of a global batch has a *home* node (the node whose reader decoded it) and every rank runs
+on a node (``rank_node``). A sample trained on a rank of another node *crosses*: its events (``length``
+of them, bytes on the wire) travel once over the network. ``plan_local`` keeps samples home and sends
+across only what evens out the nodes' loads, choosing what crosses to move few tokens:
+
+1. **Node targets** (``split_nodes``): node k with ``R_k`` of the ``R`` ranks should carry
+   ``total cost * R_k / R``. A sample costlier than a rank's even share (a *giant*: water-filled over the
+   costliest samples, one rank each) is a rank's whole load, so it is pinned first, to its home node while
+   that node has a rank without a giant, else to the node with most such ranks; the other ranks share the
+   rest evenly, which sets each node's target.
+2. **Split** (same kernel): a sample whose home node has no rank goes to the node furthest below its
+   target. Then, over the samples by cost per token (``cost / length``, descending: under a cost that
+   grows faster than length, a long sample moves the most cost per byte), a sample on a node above its
+   target moves to the node furthest below its own, if its cost fits within both gaps. Small samples at
+   the end of that order fill the last gaps finely.
+3. **Grouped column fill** (``colfill.column_fill_grouped``): ``balanced``'s column-fill start over all
+   ranks (the same slot levels), where each sample first offers itself only to the ranks of its node; a
+   sample leaves its node only for room that node's own samples did not take (a node's two largest
+   samples that do not fit its ranks' slot-0 bins together, say).
+4. **Polish**: ``balanced``'s local search and exchange over all bins (a few moves may cross nodes where
+   they lower the bins over their level), then each rank's microbatches heaviest first.
+5. **Quality rule** (``LOCALITY_TOLERANCE`` = 0.1%): the local plan is kept when its peak bin cost and its
+   lockstep time (``sum_j max_r C[r, j]``) are each within 0.1% of the non-local plan's (same method, same
+   inputs). Neither can go below its floor (``lower_bound``, and ``max(total / R, costliest sample)``), so
+   a local plan within 0.1% of both floors is kept without planning the non-local one; otherwise the
+   non-local plan is computed and compared. When the local plan loses, the non-local plan is used, its
+   ranks assigned to nodes to keep the most tokens home (``home_ranks``): same loads, same metrics.
+6. **Settle** (``settle``): samples of equal length (equal cost and tokens) trade places so that as many
+   as possible sit on their home node; no bin's load, tokens or count changes.
+
+Without ``home``/``rank_node``, or with every rank on one node, nothing of this runs: ``plan`` returns
+the non-local plan unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+from numba import njit
+
+from balancer.balanced import Candidate, lay_out, positive_levels, refined
+from balancer.colfill import column_fill_grouped
+from balancer.registry import Problem
+
+# The local plan is kept while its peak and lockstep time stay within this fraction of the non-local plan's.
+LOCALITY_TOLERANCE = 1e-3
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where samples were read and where ranks run: ``home`` int64 (N,), ``rank_node`` int64 (R,), nodes
+    ``0 .. K-1`` with ``K = rank_node.max() + 1``."""
+
+    home: np.ndarray
+    rank_node: np.ndarray
+
+    @property
+    def nodes(self) -> int:
+        return int(self.rank_node.max()) + 1
+
+    @property
+    def node_ranks(self) -> np.ndarray:
+        """Ranks per node, int64 (K,)."""
+        return np.bincount(self.rank_node, minlength=self.nodes).astype(np.int64)
+
+    @property
+    def spans_nodes(self) -> bool:
+        """Ranks run on more than one node (otherwise no choice of the planner moves a byte)."""
+        return bool(np.count_nonzero(self.node_ranks) > 1)
+
+
+def validate_layout(home, rank_node, n: int, ranks: int) -> Layout | None:
+    """``Layout`` of ``home`` (N,) and ``rank_node`` (R,), or None when both are None; a ValueError names
+    the bad argument, index and value."""
+    if home is None and rank_node is None:
+        return None
+    if rank_node is None:
+        raise ValueError("home was given without rank_node: pass rank_node (the node index of each rank), or neither")
+    if home is None:
+        raise ValueError("rank_node was given without home: pass home (the node index of each sample), or neither")
+    rank_node = _node_indices("rank_node", rank_node, ranks, "ranks")
+    home = _node_indices("home", home, n, "samples")
+    nodes = int(rank_node.max()) + 1
+    bad = np.flatnonzero(home >= nodes)
+    if bad.size:
+        raise ValueError(
+            f"home[{bad[0]}] = {home[bad[0]]} names no node: rank_node numbers nodes 0..{nodes - 1}; "
+            "give every node a number below the largest node index in rank_node"
+        )
+    return Layout(home, rank_node)
+
+
+def _node_indices(name: str, values, size: int, what: str) -> np.ndarray:
+    arr = np.asarray(values)
+    if arr.shape != (size,):
+        raise ValueError(f"{name} must have shape ({size},), one node index per {what[:-1]}, got shape {arr.shape}")
+    if size and (arr.dtype == bool or not np.issubdtype(arr.dtype, np.integer)):
+        raise ValueError(f"{name} must hold integer node indices, got dtype {arr.dtype}")
+    arr = arr.astype(np.int64, copy=False)
+    bad = np.flatnonzero(arr < 0)
+    if bad.size:
+        raise ValueError(f"{name}[{bad[0]}] = {arr[bad[0]]}: node indices must be >= 0")
+    return arr
+
+
+def crossing(layout: Layout, lengths: np.ndarray, rank: np.ndarray) -> tuple[float, float]:
+    """Fractions of samples and of tokens placed on a rank of another node than their home."""
+    if not lengths.size:
+        return 0.0, 0.0
+    away = layout.rank_node[rank] != layout.home  # (N,)
+    return float(away.mean()), float(lengths[away].sum() / lengths.sum())
+
+
+def plan_local(problem: Problem, layout: Layout,
+               plain: Callable[[Problem], tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, bool]:
+    """Rank and microbatch of every sample (int64 (N,) each) and whether the local plan was kept; ``plain``
+    plans the same problem without locality (the quality reference and the fallback)."""
+    if not problem.n:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), True
+    order = problem.longest_first()
+    local = _local_candidate(problem, layout, order)
+    kept = local is not None and _certified(problem, local)
+    if not kept:
+        rank, slot = plain(problem)
+        kept = local is not None and _within_tolerance(problem, local, rank, slot)
+        if not kept:
+            rank = home_ranks(rank, problem.lengths, layout)[rank]
+    if kept:
+        rank_at = np.argsort(layout.rank_node, kind="stable")  # rank at each position of the grouped start
+        rank, slot = rank_at[local.rank_of_bin[local.bins]], local.slot_of_bin[local.bins]
+    settle(order, problem.lengths, layout.home, layout.rank_node, rank, slot)
+    return rank, slot, kept
+
+
+def _local_candidate(problem: Problem, layout: Layout, order: np.ndarray) -> Candidate | None:
+    """Steps 1-4 (module docstring), ranks numbered node by node; None where the grouped start finds no
+    plan within the constraints."""
+    node_ranks = layout.node_ranks
+    density = order if problem.cost_model.constant == 0 else np.argsort(-problem.costs / problem.lengths,
+                                                                        kind="stable")
+    node = split_nodes(order, density, problem.costs, layout.home, node_ranks)
+    group_start = np.zeros(node_ranks.size + 1, dtype=np.int64)
+    np.cumsum(node_ranks, out=group_start[1:])
+    quotas, lo, n_extra = problem.quotas()
+    bins, levels = column_fill_grouped(order, problem.costs, problem.lengths, problem.ranks, problem.microbatches,
+                                       problem.token_cap(), quotas, lo, n_extra, node, group_start)
+    if np.any(bins < 0):
+        return None
+    columns = np.arange(problem.n_bins, dtype=np.int64) % problem.microbatches
+    refined(problem, bins, columns, positive_levels(levels), float(problem.costs.max()))
+    cand = Candidate(bins, flat=False, index=0)
+    lay_out(problem, cand)
+    return cand
+
+
+def _certified(problem: Problem, cand: Candidate) -> bool:
+    """Within LOCALITY_TOLERANCE of the floors of the peak and of the lockstep time, so within it of any plan."""
+    total, costliest = float(problem.costs.sum()), float(problem.costs.max())
+    return (cand.peak <= max(total / problem.n_bins, costliest) * (1.0 + LOCALITY_TOLERANCE)
+            and cand.lockstep <= max(total / problem.ranks, costliest) * (1.0 + LOCALITY_TOLERANCE))
+
+
+def _within_tolerance(problem: Problem, cand: Candidate, rank: np.ndarray, slot: np.ndarray) -> bool:
+    """``cand``'s peak and lockstep time within LOCALITY_TOLERANCE of the plan ``rank``/``slot``'s."""
+    M = problem.microbatches
+    loads = np.bincount(rank * M + slot, weights=problem.costs, minlength=problem.n_bins).reshape(-1, M)
+    return (cand.peak <= float(loads.max()) * (1.0 + LOCALITY_TOLERANCE)
+            and cand.lockstep <= float(loads.max(axis=0).sum()) * (1.0 + LOCALITY_TOLERANCE))
+
+
+def home_ranks(rank: np.ndarray, lengths: np.ndarray, layout: Layout) -> np.ndarray:
+    """A permutation of the ranks (int64 (R,): plan rank -> rank) keeping the most tokens home: (plan rank,
+    node) pairs by tokens homed there, most first (ties: lower plan rank, then lower node), each taken while
+    both are free; a node's plan ranks go to its ranks in ascending order."""
+    R, K = layout.rank_node.size, layout.nodes
+    # tokens of plan rank r's samples homed on node k, (R, K)
+    home_tokens = np.bincount(rank * K + layout.home, weights=lengths, minlength=R * K).reshape(R, K)
+    free = layout.node_ranks.copy()
+    node_of = np.full(R, -1, dtype=np.int64)
+    for pair in np.argsort(-home_tokens, axis=None, kind="stable"):
+        r, k = divmod(int(pair), K)
+        if node_of[r] < 0 and free[k] > 0:
+            node_of[r] = k
+            free[k] -= 1
+    to_rank = np.empty(R, dtype=np.int64)
+    for k in range(K):
+        to_rank[np.flatnonzero(node_of == k)] = np.flatnonzero(layout.rank_node == k)
+    return to_rank
+
+
+@njit(cache=True, nogil=True)
+def split_nodes(order, density, costs, home, node_ranks):
+    """Node of every sample, int64 (N,): steps 1-2 of the module docstring. ``order``: samples costliest
+    first; ``density``: samples by cost per token, descending; ``node_ranks`` int64 (K,), not all 0."""
+    n, K = costs.shape[0], node_ranks.shape[0]
+    R = node_ranks.sum()
+    total = costs.sum()
+    node = np.empty(n, dtype=np.int64)
+    pinned = np.zeros(n, dtype=np.bool_)
+    # giants: water-fill the per-rank share over the costliest samples (one rank each)
+    giants, giant_cost = 0, 0.0
+    while giants < min(R - 1, n) and costs[order[giants]] > (total - giant_cost) / (R - giants):
+        giant_cost += costs[order[giants]]
+        giants += 1
+    share = (total - giant_cost) / (R - giants)
+    free = node_ranks.copy()  # ranks without a giant, per node
+    target = np.zeros(K)
+    for p in range(giants):
+        i = order[p]
+        k = home[i]
+        if free[k] == 0:
+            k = np.argmax(free)
+        free[k] -= 1
+        target[k] += costs[i]
+        node[i] = k
+        pinned[i] = True
+    excess = -(target + free * share)  # load - target, per node
+    for i in range(n):
+        if not pinned[i]:
+            node[i] = home[i] if node_ranks[home[i]] > 0 else -1
+        if node[i] >= 0:
+            excess[node[i]] += costs[i]
+    for i in density:  # samples whose home has no rank
+        if node[i] < 0:
+            k = _furthest_below(excess, node_ranks)
+            node[i] = k
+            excess[k] += costs[i]
+    for i in density:
+        a = node[i]
+        if pinned[i] or excess[a] <= 0.0:
+            continue
+        d = _furthest_below(excess, node_ranks)
+        if excess[d] >= 0.0:
+            break  # no node below its target: every node is at it
+        if costs[i] <= min(excess[a], -excess[d]):
+            node[i] = d
+            excess[a] -= costs[i]
+            excess[d] += costs[i]
+    return node
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _furthest_below(excess, node_ranks):
+    """The node with ranks and the lowest excess (ties: lowest index)."""
+    best = -1
+    for k in range(excess.shape[0]):
+        if node_ranks[k] > 0 and (best < 0 or excess[k] < excess[best]):
+            best = k
+    return best
+
+
+def split_nodes_ref(order, density, costs, home, node_ranks) -> np.ndarray:
+    """Plain twin of ``split_nodes``."""
+    n, K, R = len(costs), len(node_ranks), int(sum(node_ranks))
+    total = float(sum(costs))
+    giants, giant_cost = 0, 0.0
+    while giants < min(R - 1, n) and costs[order[giants]] > (total - giant_cost) / (R - giants):
+        giant_cost += costs[order[giants]]
+        giants += 1
+    share = (total - giant_cost) / (R - giants)
+    free = [int(r) for r in node_ranks]
+    target = [0.0] * K
+    node = [-1] * n
+    pinned = set()
+    for i in order[:giants]:
+        k = int(home[i]) if free[home[i]] else max(range(K), key=lambda k: (free[k], -k))
+        free[k] -= 1
+        target[k] += costs[i]
+        node[i] = k
+        pinned.add(int(i))
+    excess = [-(target[k] + free[k] * share) for k in range(K)]
+    for i in range(n):
+        if i not in pinned:
+            node[i] = int(home[i]) if node_ranks[home[i]] else -1
+        if node[i] >= 0:
+            excess[node[i]] += costs[i]
+
+    def furthest_below():
+        return min((k for k in range(K) if node_ranks[k]), key=lambda k: (excess[k], k))
+
+    for i in density:
+        if node[i] < 0:
+            k = furthest_below()
+            node[i] = k
+            excess[k] += costs[i]
+    for i in density:
+        a = node[i]
+        if i in pinned or excess[a] <= 0.0:
+            continue
+        d = furthest_below()
+        if excess[d] >= 0.0:
+            break
+        if costs[i] <= min(excess[a], -excess[d]):
+            node[i] = d
+            excess[a] -= costs[i]
+            excess[d] += costs[i]
+    return np.asarray(node, dtype=np.int64)
+
+
+@njit(cache=True, nogil=True)
+def settle(order, lengths, home, rank_node, rank, slot):
+    """Samples of equal length trade places so the most sit on their home node; ``rank``/``slot`` (int64
+    (N,)) in place. ``order``: samples with equal lengths adjacent. The places of a run of equal length,
+    in ``order``, are its samples' (rank, slot); each sample, in order, takes the first free place of the
+    run on its home node, then those left take the free places left, both in order. Loads, tokens and
+    counts of every bin stay as they were. O(N + K) per run."""
+    n = order.shape[0]
+    K = rank_node.max() + 1
+    place_rank = rank[order]  # (N,): the places, by position in ``order``
+    place_slot = slot[order]
+    taken = np.zeros(n, dtype=np.bool_)
+    placed = np.zeros(n, dtype=np.bool_)
+    by_node = np.empty(n, dtype=np.int64)  # a run's places grouped by node, ascending position
+    node_start = np.zeros(K + 1, dtype=np.int64)
+    start = 0
+    while start < n:
+        stop = start + 1
+        while stop < n and lengths[order[stop]] == lengths[order[start]]:
+            stop += 1
+        if stop - start > 1:
+            node_start[:] = 0
+            for q in range(start, stop):
+                node_start[rank_node[place_rank[q]] + 1] += 1
+            for k in range(K):
+                node_start[k + 1] += node_start[k]
+            fill = node_start[:K].copy()
+            for q in range(start, stop):
+                k = rank_node[place_rank[q]]
+                by_node[start + fill[k]] = q
+                fill[k] += 1
+            fill[:] = node_start[:K]
+            for p in range(start, stop):  # home places first
+                k = home[order[p]]
+                if fill[k] < node_start[k + 1]:
+                    q = by_node[start + fill[k]]
+                    fill[k] += 1
+                    taken[q] = True
+                    placed[p] = True
+                    rank[order[p]], slot[order[p]] = place_rank[q], place_slot[q]
+            q = start
+            for p in range(start, stop):  # then the rest, in order
+                if placed[p]:
+                    continue
+                while taken[q]:
+                    q += 1
+                taken[q] = True
+                rank[order[p]], slot[order[p]] = place_rank[q], place_slot[q]
+        start = stop
+
+
+def settle_ref(order, lengths, home, rank_node, rank, slot) -> None:
+    """Plain twin of ``settle``."""
+    runs: dict[int, list[int]] = {}
+    for i in order:
+        runs.setdefault(int(lengths[i]), []).append(int(i))
+    for run in runs.values():
+        places = [(int(rank[i]), int(slot[i])) for i in run]
+        taken = [False] * len(run)
+        left = []
+        for i in run:
+            q = next((q for q, (r, _) in enumerate(places) if not taken[q] and rank_node[r] == home[i]), None)
+            if q is None:
+                left.append(i)
+                continue
+            taken[q] = True
+            rank[i], slot[i] = places[q]
+        free = [q for q in range(len(run)) if not taken[q]]
+        for i, q in zip(left, free):
+            rank[i], slot[i] = places[q]
