@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.deploy.netns import BIN, ROOT, netns_refused, two_node_cluster
+from tests.deploy.netns import BIN, ROOT
 
 DEPLOY = ROOT / "deploy"
 RAY_PORTS = {6379, 8265, 10001}
@@ -176,17 +176,6 @@ def test_readme_cites_the_docs_and_walks_through_every_piece():
 
 
 # ---------------------------------------------------------------- end to end on two namespaces
-
-
-@pytest.fixture
-def two_nodes():
-    why = netns_refused()
-    if why:
-        # The repo rules allow a 127.0.0.1 fallback, but two `ray start` nodes on one loopback address share
-        # every port namespace with whatever else runs here; we skip instead of risking other targets.
-        pytest.skip(why)
-    with two_node_cluster() as cluster:
-        yield cluster
 
 
 @pytest.mark.slow
