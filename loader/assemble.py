@@ -13,11 +13,14 @@ into its tensors (:mod:`loader.microbatch`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from loader.pipeline import PlannedStep
 from loader.rows import Rows, gather
+
+if TYPE_CHECKING:  # readers import this module: keep the planner out of their imports
+    from loader.pipeline import PlannedStep
 
 
 @dataclass

@@ -1,24 +1,25 @@
 """``backend="ray"``: reader actors and a named coordinator actor, thin shells over the pure stages.
 
-- :class:`Reader` actors (default one per available CPU, pinned round-robin to the nodes that have
-  CPUs: Ray's SPREAD and soft affinity do not reliably spread zero-CPU actors; restartable; a
-  reader whose node is lost stays dead and the others take its reads)
-  decode, validate and truncate row groups, returning each as two objects in the object store:
-  the row statuses and the valid rows (numpy buffers).
-- :class:`Coordinator` wraps :class:`loader.service.Service`: it hands each row group to the reader
-  with the fewest reads in flight (re-issuing a read whose reader died: reads are pure, so
-  nothing is lost or repeated), cuts and plans each step from statuses and lengths (it maps each
-  row group's objects: zero-copy on its node, a transfer from other nodes), and queues every
-  rank's share: object refs plus row indices, never the events themselves. It is named after
-  the loader's ``name`` in the ``freescale`` namespace, so trainer processes constructing the
-  loader with the same arguments and ``name`` attach to the same one; the last to ``close()``
-  kills it (and so its readers, and the objects it owns).
+- :class:`loader.reader.Reader` actors (default one per available CPU, pinned round-robin to the
+  nodes that have CPUs; restartable) decode, validate and truncate row groups into their node's
+  object store and return only statuses, lengths and the object's ref; on request they pack the
+  rows of their node that ranks on other nodes train on, one object per (node, rank).
+- :class:`Coordinator` wraps :class:`loader.service.Service`, the control plane: it reads each
+  row group on a reader of its home node (the least busy; re-issuing a read whose reader died:
+  reads are pure, so nothing is lost or repeated), plans each step from statuses and lengths,
+  and queues every rank's messages: object refs plus row indices. It never maps a row group. It
+  is named after the loader's ``name`` in the ``freescale`` namespace, so trainer processes
+  constructing the loader with the same arguments and ``name`` attach to it (telling it their
+  node, for the locality-aware plan, and their process id, so a dead rank fails the run at once);
+  the last to ``close()`` kills it and its readers.
 - :class:`RayClient` is what a :class:`loader.SequenceLoader` holds in each trainer process: it
-  fetches a share's objects (zero-copy on the same node) and gathers its rows into torch tensors.
-  After decoding, an event is copied twice: into the object store, and into the trainer's tensor.
+  maps a message's objects (zero-copy for row groups of its own node; a piece packed on another
+  node crosses the network once) and gathers its rows into torch tensors. After decoding, an
+  event is written once into the object store of the node that read it and once into the
+  trainer's tensor; rows that cross nodes are packed once more on the way.
 
-The coordinator is owned by the process that created it: that process must outlive the others'
-use of it (Ray kills a non-detached actor with its owner's job).
+The coordinator and readers are owned by the process that created them: that process must outlive
+the others' use of them (Ray kills a non-detached actor with its owner's job).
 """
 
 from __future__ import annotations
@@ -28,18 +29,17 @@ import os
 import threading
 import time
 import warnings
-from dataclasses import dataclass
 
 import numpy as np
 import ray
 from ray.exceptions import ActorUnavailableError, ObjectLostError, RayActorError, RayTaskError, WorkerCrashedError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from loader.assemble import RankMessage, pack
+from loader.assemble import RankMessage
 from loader.clean import UnitMeta
 from loader.config import LoaderConfig
 from loader.pipeline import Resume, warm_up
-from loader.read import read_unit
+from loader.reader import Held, Reader, reader_nodes
 from loader.service import RunKey, Service, SourcesLost, Where
 from loader.sources import SourceIndex
 
@@ -52,68 +52,8 @@ _WARN_AFTER_S = 30.0
 _LOST = (RayActorError, ObjectLostError, WorkerCrashedError)
 
 
-def reader_nodes() -> list[str]:
-    """Ids of the alive nodes readers go to, round-robin: those with CPUs (a head node started with
-    ``--num-cpus=0`` is kept free), or every alive node if none has any."""
-    alive = [n for n in ray.nodes() if n.get("Alive")]
-    with_cpus = [n for n in alive if n.get("Resources", {}).get("CPU", 0) > 0]
-    return sorted(n["NodeID"] for n in (with_cpus or alive))
-
-
 def coordinator_name(name: str) -> str:
     return f"freescale-loader:{name}"
-
-
-@dataclass(frozen=True)
-class Held:
-    """A reader's object (a unit's rows or a packed piece): ``ref``, owned by reader ``reader``
-    while its process ``pid`` lives (Ray loses an object with its owner)."""
-
-    ref: ray.ObjectRef
-    reader: int
-    pid: int
-
-
-@ray.remote(num_cpus=0)
-class Reader:
-    """Reads units and packs rows on its node; holds no state but the objects it owns.
-
-    A read puts the unit's decoded rows into this node's object store and returns only its
-    statuses and lengths plus the object's ref: the coordinator never maps the rows. A pack maps
-    units of this node (zero-copy) and puts one object per rank holding just that rank's rows.
-    The objects live as long as this process (and someone holds their refs): after a restart the
-    coordinator reads again what the old process held.
-    """
-
-    def __init__(self, index: SourceIndex, max_seq_len: int | None, skip_corrupt: bool) -> None:
-        self.index = index
-        self.max_seq_len = max_seq_len
-        self.skip_corrupt = skip_corrupt
-        self.dtypes = index.roles[0]
-
-    def read(self, unit: int) -> tuple[UnitMeta, ray.ObjectRef, int]:
-        chunk = read_unit(self.index, unit, max_seq_len=self.max_seq_len, skip_corrupt=self.skip_corrupt)
-        return chunk.meta(), ray.put(chunk.rows), os.getpid()
-
-    def pack(self, pieces: dict[int, tuple[np.ndarray, np.ndarray]], refs: dict[int, ray.ObjectRef]):
-        """{rank: ref of its rows ``pieces[rank]`` = (unit, row)}, this process's pid; or
-        ``("lost", error)`` when a unit's rows are gone."""
-        units = list(refs)
-        try:
-            held = dict(zip(units, ray.get([refs[u] for u in units])))
-        except ObjectLostError as exc:
-            return "lost", str(exc)
-        return {rank: ray.put(pack(held, unit, row, self.dtypes)) for rank, (unit, row) in pieces.items()}, os.getpid()
-
-    def alive(self, pids: list[int]) -> list[bool]:
-        """Whether each process of this node still runs (a zombie counts as dead)."""
-        return [_running(pid) for pid in pids]
-
-    def pid(self) -> int:
-        return os.getpid()
-
-    def node_id(self) -> str:
-        return ray.get_runtime_context().get_node_id()
 
 
 @ray.remote(num_cpus=0, max_restarts=0)
@@ -147,6 +87,11 @@ class Coordinator:
         self.busy = [0] * len(readers)  # calls in flight per reader
         self.nodes = await asyncio.gather(*(r.node_id.remote() for r in readers))
         self.ready.set()
+
+    async def release(self) -> None:
+        """Kill the readers: the last loader closes."""
+        for reader in self.readers:
+            ray.kill(reader)
 
     async def detach(self) -> int:
         """One loader let go; the number still attached."""
@@ -276,15 +221,20 @@ class RayClient:
             options.update(name=coordinator_name(config.name), get_if_exists=True)
         self.config = config
         shape = (fingerprint, config.locality, config.ranks_per_node)
+        # Readers start beside the coordinator, not after it, when this process will likely create
+        # it: both take a process start and their imports, and the first batch waits for both.
+        readers = self._start_readers(index, config) if config.name is None or not _exists(options) else None
         self.coordinator = Coordinator.options(**options).remote(index, config, shape)
         if _get(self.coordinator.attach.remote(shape, config.name or "(unnamed)")):
-            self.coordinator.set_readers.remote(self._start_readers(index, config))
+            self.coordinator.set_readers.remote(readers or self._start_readers(index, config))
+        else:  # another process created it first: its readers serve
+            for reader in readers or ():
+                ray.kill(reader)
         self.where = Where(node=ray.get_runtime_context().get_node_id(), pid=os.getpid())
         self.closed = False
 
     def _start_readers(self, index: SourceIndex, config: LoaderConfig) -> list:
-        """Reader actors (default one per CPU of the cluster), round-robin over the nodes with
-        CPUs, started beside the coordinator (not after it) so the first batch comes sooner."""
+        """Reader actors (default one per CPU of the cluster), round-robin over the nodes with CPUs."""
         count = config.num_readers or max(1, int(ray.available_resources().get("CPU", 1)))
         nodes = reader_nodes()
         return [
@@ -316,6 +266,7 @@ class RayClient:
         except RayActorError:  # already gone (its owner exited, or it was killed)
             return
         if remaining <= 0:
+            _get(self.coordinator.release.remote())  # its readers (this process owns them)
             ray.kill(self.coordinator)
             if self.config.name is not None:  # free the name before a new loader may reuse it
                 _wait_name_released(coordinator_name(self.config.name))
@@ -411,6 +362,15 @@ class RayStream:
                 self.ahead[rank] = self._request(rank)
 
 
+def _exists(options: dict) -> bool:
+    """Whether the named coordinator of ``options`` runs already."""
+    try:
+        ray.get_actor(options["name"], namespace=options["namespace"])
+    except ValueError:
+        return False
+    return True
+
+
 def _wait_name_released(name: str, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -436,14 +396,3 @@ def _get(ref):
         return ray.get(ref)
     except RayTaskError as exc:
         raise exc.cause from None
-
-
-
-def _running(pid: int) -> bool:
-    """Whether process ``pid`` exists and is not a zombie (its parent has not reaped it yet)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    return stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] != b"Z"
