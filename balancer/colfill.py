@@ -24,7 +24,9 @@ sweeps over the samples left: the first offers each sample only its group's rank
 second offers those that found no room every rank (first fit), so a sample leaves its group only for room
 its group's own samples did not take. In the last slot, a sample goes to the least loaded feasible rank of
 its group if that keeps the bin within the level, else to the least loaded feasible rank of all (ties: the
-group's choice, then the lowest id). With one group of all ranks this is ``column_fill`` exactly.
+group's choice, then the lowest id). Under rank quotas the count is what binds (each group was given as
+many samples as its ranks take): there is no second sweep, and in the last slot a sample stays in its
+group whenever one of its ranks has room. With one group of all ranks this is ``column_fill`` exactly.
 
 Returns each sample's bin ``rank * M + slot`` (int64 (N,)) and the slot levels (float64 (M,)). Work is
 O(N * R * M): ``balanced`` runs it only where that is small.
@@ -43,14 +45,6 @@ def column_fill(order, costs, lengths, ranks, microbatches, token_cap, quotas, l
     """Every sample may go to any rank (one group of all ranks): see the module docstring."""
     return column_fill_grouped(order, costs, lengths, ranks, microbatches, token_cap, quotas, lo, n_extra,
                                np.zeros(costs.shape[0], dtype=np.int64), np.array([0, ranks], dtype=np.int64))
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _open(c, i, tokens, lengths, token_cap, rank_counts, quotas, lo, n_at_hi, n_extra, microbatches):
-    """Bin ``c`` can take sample ``i`` under the token cap and its rank's quota."""
-    if token_cap > 0 and tokens[c] + lengths[i] > token_cap:
-        return False
-    return _room(rank_counts, c // microbatches, quotas, lo, n_at_hi, n_extra)
 
 
 @njit(cache=True, nogil=True)
@@ -77,7 +71,7 @@ def column_fill_grouped(order, costs, lengths, ranks, microbatches, token_cap, q
         level = max(left_cost / (ranks * (microbatches - j)), costs[remaining[0]])
         levels[j] = level
         last = j == microbatches - 1
-        for sweep in range(1 if last else 2):  # own group's ranks first, then (below the last slot) all ranks
+        for sweep in range(1 if last or quotas else 2):  # own group first, then (below the last slot) all ranks
             kept = 0
             for p in range(n_left):
                 i = remaining[p]
@@ -91,8 +85,9 @@ def column_fill_grouped(order, costs, lengths, ranks, microbatches, token_cap, q
                 b = -1
                 for r in range(first, stop):
                     c = r * microbatches + j
-                    if not _open(c, i, tokens, lengths, token_cap, rank_counts, quotas, lo, n_at_hi, n_extra,
-                                 microbatches):
+                    if token_cap > 0 and tokens[c] + lengths[i] > token_cap:
+                        continue
+                    if not _room(rank_counts, r, quotas, lo, n_at_hi, n_extra):
                         continue
                     if last:
                         if b < 0 or loads[c] < loads[b]:
@@ -100,16 +95,19 @@ def column_fill_grouped(order, costs, lengths, ranks, microbatches, token_cap, q
                     elif loads[c] + costs[i] <= level:
                         b = c
                         break
-                if last and (b < 0 or loads[b] + costs[i] > level):  # own group full: least loaded of all
+                if last and (b < 0 or (not quotas and loads[b] + costs[i] > level)):  # least loaded of all
                     for r in range(ranks):
                         c = r * microbatches + j
-                        if _open(c, i, tokens, lengths, token_cap, rank_counts, quotas, lo, n_at_hi, n_extra,
-                                 microbatches) and (b < 0 or loads[c] < loads[b]):
+                        if token_cap > 0 and tokens[c] + lengths[i] > token_cap:
+                            continue
+                        if _room(rank_counts, r, quotas, lo, n_at_hi, n_extra) and (b < 0 or loads[c] < loads[b]):
                             b = c
                 if b < 0 and last:  # the last slot is full under the cap: the least loaded bin with room
                     for c in range(ranks * microbatches):
-                        if _open(c, i, tokens, lengths, token_cap, rank_counts, quotas, lo, n_at_hi, n_extra,
-                                 microbatches) and (b < 0 or loads[c] < loads[b]):
+                        if token_cap > 0 and tokens[c] + lengths[i] > token_cap:
+                            continue
+                        if _room(rank_counts, c // microbatches, quotas, lo, n_at_hi, n_extra) and (
+                                b < 0 or loads[c] < loads[b]):
                             b = c
                     if b < 0:
                         return np.full(costs.shape[0], -1, dtype=np.int64), levels
@@ -153,7 +151,7 @@ def column_fill_grouped_ref(order, costs, lengths, ranks, microbatches, token_ca
         level = max(left_cost / (ranks * (microbatches - j)), costs[remaining[0]])
         levels[j] = level
         last = j == microbatches - 1
-        for sweep in range(1 if last else 2):
+        for sweep in range(1 if last or quotas else 2):
             kept = []
             for i in remaining:
                 room = (lo + 1 if n_at_hi < n_extra else lo)
@@ -170,7 +168,7 @@ def column_fill_grouped_ref(order, costs, lengths, ranks, microbatches, token_ca
                 in_slot = [r * microbatches + j for r in scan if open_bin(r * microbatches + j)]
                 if last:
                     b = min(in_slot, key=lambda c: (loads[c], c)) if in_slot else -1
-                    if b < 0 or loads[b] + costs[i] > level:
+                    if b < 0 or (not quotas and loads[b] + costs[i] > level):
                         every = [c for c in range(j, ranks * microbatches, microbatches) if open_bin(c)]
                         if every and (b < 0 or min(loads[c] for c in every) < loads[b]):
                             b = min(every, key=lambda c: (loads[c], c))
