@@ -37,14 +37,12 @@ the non-local plan unchanged.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
-
 import numpy as np
 from numba import njit
 
-from balancer.balanced import Candidate, lay_out, positive_levels, refined
+from balancer.balanced import COLUMN_FILL_WORK, Candidate, lay_out, positive_levels, refined
 from balancer.colfill import column_fill_grouped
-from balancer.registry import Problem
+from balancer.registry import Planner, Problem
 
 # The local plan is kept while its peak and lockstep time stay within this fraction of the non-local plan's.
 LOCALITY_TOLERANCE = 1e-3
@@ -117,39 +115,58 @@ def crossing(layout: Layout, lengths: np.ndarray, rank: np.ndarray) -> tuple[flo
     return float(away.mean()), float(lengths[away].sum() / lengths.sum())
 
 
-def plan_local(problem: Problem, layout: Layout,
-               plain: Callable[[Problem], tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, bool]:
+def plan_local(problem: Problem, layout: Layout, plain: Planner) -> tuple[np.ndarray, np.ndarray, bool]:
     """Rank and microbatch of every sample (int64 (N,) each) and whether the local plan was kept; ``plain``
-    plans the same problem without locality (the quality reference and the fallback)."""
+    plans a problem without locality (the quality reference, the fallback, and each node's planner above
+    the grouped column fill's size)."""
     if not problem.n:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), True
     order = problem.longest_first()
-    local = _local_candidate(problem, layout, order)
+    local = _local_plan(problem, layout, order, plain)
     kept = local is not None and _certified(problem, local)
-    if not kept:
-        rank, slot = plain(problem)
-        kept = local is not None and _within_tolerance(problem, local, rank, slot)
-        if not kept:
-            rank = home_ranks(rank, problem.lengths, layout)[rank]
     if kept:
-        rank_at = np.argsort(layout.rank_node, kind="stable")  # rank at each position of the grouped start
-        rank, slot = rank_at[local.rank_of_bin[local.bins]], local.slot_of_bin[local.bins]
+        rank, slot = local.rank, local.slot
+    else:
+        rank, slot = plain(problem)
+        kept = local is not None and _within_tolerance(problem, local, _bin_loads(problem, rank, slot))
+        if kept:
+            rank, slot = local.rank, local.slot
+        else:
+            rank = home_ranks(rank, problem.lengths, layout)[rank]
     swap_home(order, problem.costs, problem.lengths, layout.home, layout.rank_node, rank, slot, problem.microbatches,
               problem.token_cap())
     settle(order, problem.lengths, layout.home, layout.rank_node, rank, slot)
     return rank, slot, kept
 
 
-def _local_candidate(problem: Problem, layout: Layout, order: np.ndarray) -> Candidate | None:
-    """Steps 1-4 (module docstring), ranks numbered node by node; None where the grouped start finds no
-    plan within the constraints."""
-    node_ranks = layout.node_ranks
+@dataclass
+class _Local:
+    """A local plan: rank and slot of every sample (int64 (N,)), its peak bin cost and lockstep time."""
+
+    rank: np.ndarray
+    slot: np.ndarray
+    peak: float
+    lockstep: float
+
+
+def _local_plan(problem: Problem, layout: Layout, order: np.ndarray, plain: Planner) -> _Local | None:
+    """Steps 1-4 of the module docstring; None where no plan within the constraints was found."""
+    quotas, lo, n_extra = problem.quotas()
     density = order if problem.cost_model.constant == 0 else np.argsort(-problem.costs / problem.lengths,
                                                                         kind="stable")
+    node = split_nodes(order, density, problem.costs, layout.home, layout.node_ranks, quotas, lo)
+    if problem.n * problem.n_bins <= COLUMN_FILL_WORK:
+        return _grouped_plan(problem, layout, order, node)
+    if problem.costs.max() <= problem.costs.sum() / problem.n_bins:  # flat: every level is the mean bin cost
+        return _per_node_plan(problem, layout, node, plain)
+    return None  # separate nodes' column levels would not line up
+
+
+def _grouped_plan(problem: Problem, layout: Layout, order: np.ndarray, node: np.ndarray) -> _Local | None:
+    """The grouped column fill over ranks numbered node by node, polished by ``balanced``'s search."""
     quotas, lo, n_extra = problem.quotas()
-    node = split_nodes(order, density, problem.costs, layout.home, node_ranks, quotas, lo)
-    group_start = np.zeros(node_ranks.size + 1, dtype=np.int64)
-    np.cumsum(node_ranks, out=group_start[1:])
+    group_start = np.zeros(layout.nodes + 1, dtype=np.int64)
+    np.cumsum(layout.node_ranks, out=group_start[1:])
     bins, levels = column_fill_grouped(order, problem.costs, problem.lengths, problem.ranks, problem.microbatches,
                                        problem.token_cap(), quotas, lo, n_extra, node, group_start)
     if np.any(bins < 0):
@@ -158,22 +175,51 @@ def _local_candidate(problem: Problem, layout: Layout, order: np.ndarray) -> Can
     refined(problem, bins, columns, positive_levels(levels), float(problem.costs.max()))
     cand = Candidate(bins, flat=False, index=0)
     lay_out(problem, cand)
-    return cand
+    rank_at = np.argsort(layout.rank_node, kind="stable")  # rank at each position of the grouped start
+    return _Local(rank_at[cand.rank_of_bin[bins]], cand.slot_of_bin[bins], cand.peak, cand.lockstep)
 
 
-def _certified(problem: Problem, cand: Candidate) -> bool:
+def _per_node_plan(problem: Problem, layout: Layout, node: np.ndarray, plain: Planner) -> _Local | None:
+    """Each node's samples planned onto its ranks alone (large batches: many samples per bin, where every
+    node's levels are its mean bin cost, the global one once the split has evened the nodes' loads)."""
+    rank = np.empty(problem.n, dtype=np.int64)
+    slot = np.empty(problem.n, dtype=np.int64)
+    quotas, lo, _ = problem.quotas()
+    for k, ranks_of_k in enumerate(np.split(np.argsort(layout.rank_node, kind="stable"),
+                                            np.cumsum(layout.node_ranks)[:-1])):
+        mine = np.flatnonzero(node == k)
+        if not mine.size:
+            continue
+        if quotas and not ranks_of_k.size * lo <= mine.size <= ranks_of_k.size * (lo + 1):
+            return None  # the node's ranks could not keep every rank at lo or lo + 1 samples
+        sub = Problem(problem.lengths[mine], problem.costs[mine], int(ranks_of_k.size), problem.microbatches,
+                      problem.max_tokens, problem.equal_count, problem.seed, problem.cost_model)
+        try:
+            sub_rank, sub_slot = plain(sub)
+        except ValueError:  # this node's samples do not pack under the cap: the non-local plan may
+            return None
+        rank[mine], slot[mine] = ranks_of_k[sub_rank], sub_slot
+    loads = _bin_loads(problem, rank, slot)
+    return _Local(rank, slot, float(loads.max()), float(loads.max(axis=0).sum()))
+
+
+def _bin_loads(problem: Problem, rank: np.ndarray, slot: np.ndarray) -> np.ndarray:
+    """Cost of every bin, float64 (R, M)."""
+    M = problem.microbatches
+    return np.bincount(rank * M + slot, weights=problem.costs, minlength=problem.n_bins).reshape(-1, M)
+
+
+def _certified(problem: Problem, local: _Local) -> bool:
     """Within LOCALITY_TOLERANCE of the floors of the peak and of the lockstep time, so within it of any plan."""
     total, costliest = float(problem.costs.sum()), float(problem.costs.max())
-    return (cand.peak <= max(total / problem.n_bins, costliest) * (1.0 + LOCALITY_TOLERANCE)
-            and cand.lockstep <= max(total / problem.ranks, costliest) * (1.0 + LOCALITY_TOLERANCE))
+    return (local.peak <= max(total / problem.n_bins, costliest) * (1.0 + LOCALITY_TOLERANCE)
+            and local.lockstep <= max(total / problem.ranks, costliest) * (1.0 + LOCALITY_TOLERANCE))
 
 
-def _within_tolerance(problem: Problem, cand: Candidate, rank: np.ndarray, slot: np.ndarray) -> bool:
-    """``cand``'s peak and lockstep time within LOCALITY_TOLERANCE of the plan ``rank``/``slot``'s."""
-    M = problem.microbatches
-    loads = np.bincount(rank * M + slot, weights=problem.costs, minlength=problem.n_bins).reshape(-1, M)
-    return (cand.peak <= float(loads.max()) * (1.0 + LOCALITY_TOLERANCE)
-            and cand.lockstep <= float(loads.max(axis=0).sum()) * (1.0 + LOCALITY_TOLERANCE))
+def _within_tolerance(problem: Problem, local: _Local, loads: np.ndarray) -> bool:
+    """``local``'s peak and lockstep time within LOCALITY_TOLERANCE of those of the plan with bin ``loads``."""
+    return (local.peak <= float(loads.max()) * (1.0 + LOCALITY_TOLERANCE)
+            and local.lockstep <= float(loads.max(axis=0).sum()) * (1.0 + LOCALITY_TOLERANCE))
 
 
 def home_ranks(rank: np.ndarray, lengths: np.ndarray, layout: Layout) -> np.ndarray:
@@ -448,6 +494,7 @@ def swap_home(order, costs, lengths, home, rank_node, rank, slot, microbatches, 
         if pair[i] >= 0:
             members[fill[pair[i]]] = i
             fill[pair[i]] += 1
+    member_cost = costs[members]  # ascending within each pair's range
     used = np.zeros(n, dtype=np.bool_)
     swaps = 0
     for i in order:
@@ -457,7 +504,7 @@ def swap_home(order, costs, lengths, home, rank_node, rank, slot, microbatches, 
         lo, hi = pair_start[b * K + a], pair_start[b * K + a + 1]  # on b, homed on a
         if lo == hi:
             continue
-        pos = lo + np.searchsorted(costs[members[lo:hi]], costs[i])
+        pos = lo + np.searchsorted(member_cost[lo:hi], costs[i])
         bx = rank[i] * M + slot[i]
         best, best_gap = -1, np.inf
         for side in range(2):

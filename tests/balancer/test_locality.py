@@ -134,6 +134,22 @@ def test_homes_in_proportion_to_the_ranks_cross_little():
         assert p.metrics["crossing_samples"] <= 0.02 and p.metrics["crossing_tokens"] <= 0.1
 
 
+@pytest.mark.parametrize("equal_count", [False, True])
+def test_large_batches_plan_each_node_alone(monkeypatch, equal_count):
+    monkeypatch.setattr(Loc, "COLUMN_FILL_WORK", 0)  # as above the grouped column fill's size
+    lengths = sample_lengths("lognormal", 8192, max_len=21000, seed=3)  # 512 samples per bin, none above a bin
+    rank_node = np.array([0, 0, 0, 1, 1, 2, 2, 2])
+    home = np.random.default_rng(3).integers(0, 3, lengths.size)
+    kw = dict(ranks=8, microbatches=2, equal_count=equal_count)
+    p = plan(lengths, home=home, rank_node=rank_node, **kw)
+    plain = plan(lengths, **kw)
+    assert p.metrics["locality_fallback"] == 0
+    assert p.metrics["max_over_lower_bound"] <= plain.metrics["max_over_lower_bound"] * TOLERANCE
+    assert p.metrics["crossing_tokens"] <= 0.05
+    if equal_count:
+        assert p.metrics["samples_per_rank_max"] - p.metrics["samples_per_rank_min"] <= 1
+
+
 def test_settle_moves_equal_lengths_home_and_keeps_every_bin():
     lengths = np.array([5, 5, 5, 5, 9, 2], dtype=np.int64)
     home = np.array([1, 1, 0, 0, 1, 0], dtype=np.int64)
