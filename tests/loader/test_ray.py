@@ -14,7 +14,7 @@ from loader import SequenceLoader
 from loader import ray_backend
 from loader.ray_backend import NAMESPACE, coordinator_name
 
-from .helpers import (assert_resume_equal, check_layout, collect, corrupt_row_group, histories, record,
+from .helpers import (ROOT, assert_resume_equal, check_layout, collect, corrupt_row_group, histories, record,
                       run_worker_process, source_histories, synth)
 
 
@@ -222,3 +222,43 @@ def test_a_rank_maps_its_rows_before_asking_for_the_next_step(ray_address, data,
     asks = [i for i, e in enumerate(events) if e != "map" and e[1] > 0 and events[i - 1] != e]  # repeats: "wait"
     # messages of 1, 2, then 2 (the rest) steps: asked for steps 1, 3 and 5 (the end), each after mapping
     assert [events[i][1] for i in asks] == [1, 3, 5] and all(events[i - 1] == "map" for i in asks), events
+
+
+_SLOW_RANK = """
+import sys, time
+from loader import SequenceLoader
+kwargs = eval(sys.argv[2])
+with SequenceLoader(sys.argv[1], **kwargs) as loader:
+    for i, mb in enumerate(loader.iter_rank(1)):
+        if i == 2:
+            print("iterating", flush=True)
+        time.sleep(0.5)
+"""
+
+
+def test_a_dead_trainer_process_fails_the_other_ranks_fast(ray_address, data):
+    # Regression: a killed rank's peers waited on it for ever (120 s later, only a warning named it).
+    import subprocess
+    import sys
+
+    kwargs = dict(ranks=2, microbatches=1, samples_per_step=10, shuffle_window=30, num_readers=2, prefetch_steps=1,
+                  backend="ray", name="dies", ray_address=ray_address)
+    with SequenceLoader(data, **kwargs) as loader:
+        other = subprocess.Popen([sys.executable, "-c", _SLOW_RANK, str(data), repr(kwargs)], stdout=subprocess.PIPE,
+                                 text=True, cwd=str(ROOT))
+        try:
+            mine = loader.iter_rank(0)
+            first = threading.Thread(target=next, args=(mine,))  # the plan starts once both ranks attached
+            first.start()
+            assert other.stdout.readline().strip() == "iterating"  # rank 1 attached and took steps
+            first.join(timeout=60)
+            other.kill()  # SIGKILL: no clean-up in that process
+            other.wait()
+            started = time.monotonic()
+            with pytest.raises(RuntimeError, match=r"rank 1's process died at step \d+ of epoch 0 from step 0; restart "
+                                                   r"the job and load the last state"):
+                for _ in mine:
+                    pass
+            assert time.monotonic() - started < 30
+        finally:
+            other.kill()
