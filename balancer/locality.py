@@ -13,20 +13,26 @@ across only what evens out the nodes' loads, choosing what crosses to move few t
 2. **Split** (same kernel): a sample whose home node has no rank goes to the node furthest below its
    target. Then, over the samples by cost per token (``cost / length``, descending: under a cost that
    grows faster than length, a long sample moves the most cost per byte), a sample on a node above its
-   target moves to the node furthest below its own, if its cost fits within both gaps. Small samples at
-   the end of that order fill the last gaps finely.
+   target moves to the node furthest below its own, if its cost fits within both gaps; small samples at
+   the end of that order fill the last gaps finely. Under ``equal_count`` each node's count is then
+   brought within what its ranks take (shortest samples move) and cost moves on by count-keeping trades.
 3. **Grouped column fill** (``colfill.column_fill_grouped``): ``balanced``'s column-fill start over all
    ranks (the same slot levels), where each sample first offers itself only to the ranks of its node; a
    sample leaves its node only for room that node's own samples did not take (a node's two largest
-   samples that do not fit its ranks' slot-0 bins together, say).
-4. **Polish**: ``balanced``'s local search and exchange over all bins (a few moves may cross nodes where
-   they lower the bins over their level), then each rank's microbatches heaviest first.
-5. **Quality rule** (``LOCALITY_TOLERANCE`` = 0.1%): the local plan is kept when its peak bin cost and its
+   samples that do not fit its ranks' slot-0 bins together, say). Then ``balanced``'s local search and
+   exchange over all bins (a few moves may cross nodes where they lower a bin over its level) and each
+   rank's microbatches heaviest first. Above ``COLUMN_FILL_WORK`` (N R M) the fill costs too much: where
+   no sample costs more than a mean bin (every level is the mean), each node's samples are planned onto
+   its ranks alone by the non-local planner instead; otherwise there is no local plan.
+4. **Quality rule** (``LOCALITY_TOLERANCE`` = 0.1%): the local plan is kept when its peak bin cost and its
    lockstep time (``sum_j max_r C[r, j]``) are each within 0.1% of the non-local plan's (same method, same
    inputs). Neither can go below its floor (``lower_bound``, and ``max(total / R, costliest sample)``), so
    a local plan within 0.1% of both floors is kept without planning the non-local one; otherwise the
-   non-local plan is computed and compared. When the local plan loses, the non-local plan is used, its
-   ranks assigned to nodes to keep the most tokens home (``home_ranks``): same loads, same metrics.
+   non-local plan is computed and compared. When the local plan loses (or there is none), the non-local
+   plan is used with its ranks assigned to nodes to keep the most tokens home (``home_ranks``).
+5. **Trades** (``swap_home``): two samples each on the other's home node trade places where no bin rises
+   above its slot's costliest bin, no rank above the costliest rank total and no bin above the token cap
+   (so the peak, lockstep time and step bubble do not rise).
 6. **Settle** (``settle``): samples of equal length (equal cost and tokens) trade places so that as many
    as possible sit on their home node; no bin's load, tokens or count changes.
 
@@ -37,6 +43,7 @@ the non-local plan unchanged.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 import numpy as np
 from numba import njit
 
@@ -53,19 +60,15 @@ SWAP_REACH = 8
 @dataclass(frozen=True)
 class Layout:
     """Where samples were read and where ranks run: ``home`` int64 (N,), ``rank_node`` int64 (R,), nodes
-    ``0 .. K-1`` with ``K = rank_node.max() + 1``."""
+    ``0 .. K-1`` with ``K = rank_node.max() + 1``; ``node_ranks`` int64 (K,), ranks per node."""
 
     home: np.ndarray
     rank_node: np.ndarray
+    node_ranks: np.ndarray
 
     @property
     def nodes(self) -> int:
-        return int(self.rank_node.max()) + 1
-
-    @property
-    def node_ranks(self) -> np.ndarray:
-        """Ranks per node, int64 (K,)."""
-        return np.bincount(self.rank_node, minlength=self.nodes).astype(np.int64)
+        return self.node_ranks.size
 
     @property
     def spans_nodes(self) -> bool:
@@ -85,13 +88,13 @@ def validate_layout(home, rank_node, n: int, ranks: int) -> Layout | None:
     rank_node = _node_indices("rank_node", rank_node, ranks, "ranks")
     home = _node_indices("home", home, n, "samples")
     nodes = int(rank_node.max()) + 1
-    bad = np.flatnonzero(home >= nodes)
-    if bad.size:
+    if home.size and home.max() >= nodes:
+        bad = np.flatnonzero(home >= nodes)[0]
         raise ValueError(
-            f"home[{bad[0]}] = {home[bad[0]]} names no node: rank_node numbers nodes 0..{nodes - 1}; "
+            f"home[{bad}] = {home[bad]} names no node: rank_node numbers nodes 0..{nodes - 1}; "
             "give every node a number below the largest node index in rank_node"
         )
-    return Layout(home, rank_node)
+    return Layout(home, rank_node, np.bincount(rank_node, minlength=nodes).astype(np.int64))
 
 
 def _node_indices(name: str, values, size: int, what: str) -> np.ndarray:
@@ -101,9 +104,9 @@ def _node_indices(name: str, values, size: int, what: str) -> np.ndarray:
     if size and (arr.dtype == bool or not np.issubdtype(arr.dtype, np.integer)):
         raise ValueError(f"{name} must hold integer node indices, got dtype {arr.dtype}")
     arr = arr.astype(np.int64, copy=False)
-    bad = np.flatnonzero(arr < 0)
-    if bad.size:
-        raise ValueError(f"{name}[{bad[0]}] = {arr[bad[0]]}: node indices must be >= 0")
+    if size and arr.min() < 0:
+        bad = np.flatnonzero(arr < 0)[0]
+        raise ValueError(f"{name}[{bad}] = {arr[bad]}: node indices must be >= 0")
     return arr
 
 
@@ -112,7 +115,7 @@ def crossing(layout: Layout, lengths: np.ndarray, rank: np.ndarray) -> tuple[flo
     if not lengths.size:
         return 0.0, 0.0
     away = layout.rank_node[rank] != layout.home  # (N,)
-    return float(away.mean()), float(lengths[away].sum() / lengths.sum())
+    return np.count_nonzero(away) / lengths.size, float(np.dot(lengths, away) / lengths.sum())
 
 
 def plan_local(problem: Problem, layout: Layout, plain: Planner) -> tuple[np.ndarray, np.ndarray, bool]:

@@ -8,7 +8,9 @@ Run (from the repository root; several minutes, most of it the pure-Python ``kk`
 ``--certify SECONDS`` bounds, for every row that misses target 1 or 3, what *any* plan could reach there
 (``bench/certify.py``: a HiGHS MILP relaxation; its dual bound is a floor no plan beats);
 ``--json-out FILE`` also writes the result object to FILE; ``--cost-model transformer`` plans with
-``CostModel.for_transformer(4, 256)`` instead of the default ``cost = L**2``.
+``CostModel.for_transformer(4, 256)`` instead of the default ``cost = L**2``. ``--locality`` runs only the
+locality table instead (``balanced`` with ``home``/``rank_node`` against the same plan without them, see
+``locality_table``; about a minute).
 
 Scenarios: lognormal lengths (median 300, sigma 1.2, capped at 21,000), bimodal 2K/21K mixes and the
 bundled MovieLens per-user history lengths; scales from 8 ranks x 4 microbatches to 1,048,576 samples
@@ -199,6 +201,86 @@ def speed(rows: list[dict], methods: list[str], cost_model, seed: int, shape) ->
         wall = "" if r["wall_s"] is None else f", plan() call {r['wall_s'] * 1e3:10.2f} ms"
         print(f"{method:>9}: planner {r['plan_s'] * 1e3:10.2f} ms{wall} ({r['runs']})", flush=True)
     return result
+
+
+# --locality: (name, ranks per node), homes drawn per sample uniformly over the nodes or in proportion to their ranks
+LOCALITY_LAYOUTS = [("2 nodes 4+4", (4, 4)), ("2 nodes 2+6", (2, 6)), ("4 nodes 2+2+2+2", (2, 2, 2, 2)),
+                    ("4 nodes 1+2+3+2", (1, 2, 3, 2))]
+LOCALITY_BATCHES = 20
+LOCALITY_TIMING_RUNS = 3  # each batch planned this often both ways, alternating; the fastest of each counts
+TARGET_LOCAL_TIME = 1.5  # locality plan / plain plan at the loader's step shape (1024 samples onto 8x4)
+
+
+def locality_workloads(seed: int) -> list[tuple[str, int, int, list[np.ndarray]]]:
+    """(name, ranks, microbatches, batches): the loader's step shape with short and long histories, and a
+    batch of 128 samples per bin."""
+    rng = np.random.default_rng(seed)
+
+    def lognormal(median: float, n: int) -> np.ndarray:
+        return np.minimum(MAX_LEN, np.maximum(1, np.round(rng.lognormal(math.log(median), 1.2, n)))).astype(np.int64)
+
+    return [
+        ("lognormal median 15, 1024 onto 8x4", 8, 4, [lognormal(15, 1024) for _ in range(LOCALITY_BATCHES)]),
+        ("lognormal median 400, 1024 onto 8x4", 8, 4, [lognormal(400, 1024) for _ in range(LOCALITY_BATCHES)]),
+        ("lognormal median 300, 4096 onto 8x4", 8, 4,
+         [sample_lengths("lognormal", 4096, max_len=MAX_LEN, seed=seed + b) for b in range(LOCALITY_BATCHES)]),
+    ]
+
+
+def locality_table(cost_model, seed: int) -> dict:
+    """``balanced`` with ``home``/``rank_node`` against the plan without them, batch by batch: the worst
+    ratio of max/LB and of lockstep time (local / plain), crossing fractions (and the plain plan's, whose
+    ranks ignore homes), how often the quality rule fell back, and planner time (sum over batches of each
+    batch's fastest of ``LOCALITY_TIMING_RUNS`` runs, local / plain: the machine may be shared)."""
+    print("\n== locality: balanced with home/rank_node vs without (worst ratio over batches; crossing = mean fraction "
+          "placed on another node than home; blind = the plain plan's; fb = fallback rate; time = local / plain)",
+          flush=True)
+    print(f"{'workload':<36} {'layout':<16} {'homes':<5} {'eq':>5} {'max/LB':>9} {'lockstep':>9} {'cross s':>8} "
+          f"{'cross t':>8} {'blind t':>8} {'fb':>5} {'time':>5}", flush=True)
+    rows = []
+    rng = np.random.default_rng(seed)
+    for name, R, M, batches in locality_workloads(seed):
+        for layout_name, per_node in LOCALITY_LAYOUTS:
+            rank_node = np.repeat(np.arange(len(per_node)), per_node)
+            for homes in ("even", "ranks"):
+                weights = np.full(len(per_node), 1 / len(per_node)) if homes == "even" else np.array(per_node) / R
+                for eq in (False, True):
+                    kw = dict(ranks=R, microbatches=M, cost_model=cost_model, equal_count=eq, seed=seed)
+                    stats = []
+                    for lengths in batches:
+                        home = rng.choice(len(per_node), size=lengths.size, p=weights)
+                        runs = [(balancer.plan(lengths, home=home, rank_node=rank_node, **kw),
+                                 balancer.plan(lengths, **kw)) for _ in range(LOCALITY_TIMING_RUNS)]
+                        local, plain = runs[0]
+                        blind = lengths[rank_node[plain.rank] != home].sum() / lengths.sum()
+                        stats.append((local.metrics["max_over_lower_bound"] / plain.metrics["max_over_lower_bound"],
+                                      local.loads.max(axis=0).sum() / plain.loads.max(axis=0).sum(),
+                                      local.metrics["crossing_samples"], local.metrics["crossing_tokens"], blind,
+                                      local.metrics["locality_fallback"], min(a.seconds for a, _ in runs),
+                                      min(b.seconds for _, b in runs)))
+                    a = np.asarray(stats)
+                    row = {"workload": name, "layout": layout_name, "homes": homes, "equal_count": eq,
+                           "per_bin": batches[0].size / (R * M), "max_over_lower_bound_ratio": float(a[:, 0].max()),
+                           "lockstep_ratio": float(a[:, 1].max()), "crossing_samples": float(a[:, 2].mean()),
+                           "crossing_tokens": float(a[:, 3].mean()), "blind_crossing_tokens": float(a[:, 4].mean()),
+                           "fallback_rate": float(a[:, 5].mean()), "time_ratio": float(a[:, 6].sum() / a[:, 7].sum())}
+                    rows.append(row)
+                    print(f"{name:<36} {layout_name:<16} {homes:<5} {eq!s:>5} {row['max_over_lower_bound_ratio']:9.6f} "
+                          f"{row['lockstep_ratio']:9.6f} {row['crossing_samples']:8.4f} {row['crossing_tokens']:8.4f} "
+                          f"{row['blind_crossing_tokens']:8.4f} {row['fallback_rate']:5.2f} {row['time_ratio']:5.2f}",
+                          flush=True)
+    worst = max(rows, key=lambda r: r["max_over_lower_bound_ratio"])
+    ok_quality = all(r["max_over_lower_bound_ratio"] <= TARGET_MLB for r in rows if r["per_bin"] >= TARGET_PER_BIN)
+    step = [r for r in rows if r["workload"].endswith("1024 onto 8x4")]
+    slowest = max(step, key=lambda r: r["time_ratio"])
+    print(f"\nL1. locality max/LB within {TARGET_MLB - 1:.1%} of the plain plan's where N/(R*M) >= {TARGET_PER_BIN}: "
+          f"{'PASS' if ok_quality else 'FAIL'} (worst ratio {worst['max_over_lower_bound_ratio']:.6f})", flush=True)
+    print(f"L2. locality planner time / plain at 1024 onto 8x4 <= {TARGET_LOCAL_TIME}: "
+          f"{'PASS' if slowest['time_ratio'] <= TARGET_LOCAL_TIME else 'FAIL'} (worst {slowest['time_ratio']:.2f}: "
+          f"{slowest['workload']}, {slowest['layout']}, homes {slowest['homes']}, equal_count={slowest['equal_count']})",
+          flush=True)
+    return {"rows": rows, "targets": {"L1_quality": ok_quality, "L2_time": slowest["time_ratio"] <= TARGET_LOCAL_TIME,
+                                      "worst_time_ratio": slowest["time_ratio"]}}
 
 
 def check_targets(rows: list[dict], spd: dict | None, speed_is_target_scale: bool) -> dict:
@@ -393,6 +475,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--certify", type=float, default=0.0, metavar="SECONDS",
                     help="bound what any plan can reach on every row that misses target 1 or 3 (HiGHS MILP, "
                          "this many seconds per row; needs the bench extra); 0 = skip")
+    ap.add_argument("--locality", action="store_true",
+                    help="only the locality table: balanced with home/rank_node against the plan without them")
     args = ap.parse_args(argv)
     cost_model = (balancer.CostModel.for_transformer(4, 256) if args.cost_model == "transformer"
                   else balancer.DEFAULT_COST_MODEL)
@@ -406,7 +490,16 @@ def main(argv=None) -> dict:
     print("columns: max/LB = max bin cost / lower bound; bubble = lockstep bubble; stepbub = one-collective bubble; "
           "viol = microbatches over the cap; ms = planner wall time (* = cap-blind plan reused, same time)", flush=True)
     balancer.plan(np.arange(1, 257), ranks=4, microbatches=2)  # warm-up: numba compile / cache load
+    balancer.plan(np.arange(1, 257), ranks=4, microbatches=2, home=np.arange(256) % 2, rank_node=np.arange(4) % 2)
     started = time.perf_counter()
+    if args.locality:
+        locality = locality_table(cost_model, args.seed)
+        result = {"bench": "balance", "locality": locality, "cost_model": str(cost_model), "seed": args.seed,
+                  "provenance": prov, "seconds": time.perf_counter() - started}
+        if args.json_out:
+            args.json_out.write_text(json.dumps(result, indent=1))
+        print(json.dumps(result), flush=True)
+        return result
     rows, lengths_of = [], {}
     for sc in scenarios(args.quick, args.seed):
         lengths_of[sc.name] = sc
