@@ -1,5 +1,6 @@
 """SequenceLoader on the Ray backend, one local Ray session for the module (loopback only)."""
 
+import os
 import shutil
 import tempfile
 import threading
@@ -57,10 +58,12 @@ def _steps(per_rank, microbatches):
     return [[rank[s * microbatches:(s + 1) * microbatches] for rank in per_rank] for s in range(steps)]
 
 
-@pytest.mark.parametrize("ranks,microbatches,samples_per_step,window", [(3, 2, 37, 50), (1, 3, 16, 1000), (5, 1, 29, 40)])
-def test_exactly_once_and_identical_to_inline(ray_address, data, ranks, microbatches, samples_per_step, window):
+@pytest.mark.parametrize("ranks,microbatches,samples_per_step,window,per_node",
+                         [(3, 2, 37, 50, None), (1, 3, 16, 1000, None), (5, 1, 29, 40, None), (4, 2, 41, 60, 2)])
+def test_exactly_once_and_identical_to_inline(ray_address, data, ranks, microbatches, samples_per_step, window,
+                                              per_node):
     kwargs = dict(ranks=ranks, microbatches=microbatches, samples_per_step=samples_per_step, shuffle_window=window,
-                  max_seq_len=30, seed=3, num_readers=2)
+                  max_seq_len=30, seed=3, num_readers=2, ranks_per_node=per_node)
     with SequenceLoader(data, backend="ray", **kwargs) as loader:
         per_rank = _by_threads(loader, ranks)
         stats = loader.stats()
@@ -262,3 +265,27 @@ def test_a_dead_trainer_process_fails_the_other_ranks_fast(ray_address, data):
             assert time.monotonic() - started < 30
         finally:
             other.kill()
+
+
+def test_the_coordinator_never_maps_a_row_group(ray_address, data):
+    # The control plane gets statuses and lengths only: the coordinator process never touches a page of the
+    # object store, while the trainer process maps the rows it trains on.
+    with SequenceLoader(data, ranks=2, microbatches=2, samples_per_step=30, num_readers=2, backend="ray") as loader:
+        steps = collect(loader)
+        coordinator = ray.get(loader._client.coordinator.pid.remote())
+        assert _object_store_kib(coordinator) == 0
+        assert _object_store_kib(os.getpid()) > 0
+    assert histories(steps) == source_histories(data)
+
+
+def _object_store_kib(pid: int) -> int:
+    """Resident KiB of Ray's shared-memory object store mapped by process ``pid``."""
+    kib, store = 0, False
+    with open(f"/proc/{pid}/smaps") as f:
+        for line in f:
+            fields = line.split()
+            if "-" in fields[0] and len(fields) >= 5:
+                store = len(fields) > 5 and "plasma" in fields[5]
+            elif fields[0] == "Rss:" and store:
+                kib += int(fields[1])
+    return kib
