@@ -15,6 +15,7 @@ An empty batch (total cost 0) has ratios of 1 and bubbles of 0: nothing waits on
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 
 def lockstep_bubble(loads: np.ndarray) -> float:
@@ -32,23 +33,75 @@ def balance_metrics(loads: np.ndarray, tokens: np.ndarray, counts: np.ndarray, *
                     max_tokens: int | None = None) -> dict:
     """Metrics from per-bin loads/tokens/counts, each (R, M)."""
     ranks, microbatches = loads.shape
-    total = float(loads.sum())
-    peak = float(loads.max()) if loads.size else 0.0
+    total, peak, lockstep, rank_max, violations, tokens_max, per_rank_min, per_rank_max = _summary(
+        loads, tokens, counts, -1 if max_tokens is None else max_tokens)
     mean = total / loads.size if loads.size else 0.0
     lower_bound = max(mean, float(max_single_cost))
-    rank_sums = loads.sum(axis=1)  # (R,)
-    per_rank = counts.sum(axis=1)  # (R,)
     return {
         "max_over_mean": peak / mean if mean > 0 else 1.0,
         "lower_bound": lower_bound,
         "max_over_lower_bound": peak / lower_bound if lower_bound > 0 else 1.0,
-        "bubble_fraction": lockstep_bubble(loads) if total > 0 else 0.0,
-        "step_bubble_fraction": 1.0 - float(rank_sums.mean() / rank_sums.max()) if total > 0 else 0.0,
-        "token_cap_violations": int(np.count_nonzero(tokens > max_tokens)) if max_tokens is not None else 0,
+        "bubble_fraction": 1.0 - (total / ranks) / lockstep if total > 0 else 0.0,
+        "step_bubble_fraction": 1.0 - (total / ranks) / rank_max if total > 0 else 0.0,
+        "token_cap_violations": violations,
         "max_cost": peak,
-        "max_tokens_per_microbatch": int(tokens.max()) if tokens.size else 0,
-        "samples_per_rank_min": int(per_rank.min()),
-        "samples_per_rank_max": int(per_rank.max()),
+        "max_tokens_per_microbatch": tokens_max,
+        "samples_per_rank_min": per_rank_min,
+        "samples_per_rank_max": per_rank_max,
         "ranks": ranks,
         "microbatches": microbatches,
     }
+
+
+@njit(cache=True, nogil=True)
+def _summary(loads, tokens, counts, max_tokens):
+    """One pass over (R, M) bins: total and peak cost, lockstep time ``sum_j max_r C[r, j]``, the costliest
+    rank total, bins over ``max_tokens`` (< 0: no cap), the most tokens in a bin, fewest and most samples
+    in a rank."""
+    ranks, microbatches = loads.shape
+    lockstep = 0.0
+    for j in range(microbatches):
+        column_max = 0.0
+        for r in range(ranks):
+            column_max = max(column_max, loads[r, j])
+        lockstep += column_max
+    total = peak = rank_max = 0.0
+    violations = tokens_max = per_rank_max = 0
+    per_rank_min = np.iinfo(np.int64).max
+    for r in range(ranks):
+        rank_total, rank_count = 0.0, 0
+        for j in range(microbatches):
+            rank_total += loads[r, j]
+            rank_count += counts[r, j]
+            peak = max(peak, loads[r, j])
+            tokens_max = max(tokens_max, tokens[r, j])
+            if 0 <= max_tokens < tokens[r, j]:
+                violations += 1
+        total += rank_total
+        rank_max = max(rank_max, rank_total)
+        per_rank_min = min(per_rank_min, rank_count)
+        per_rank_max = max(per_rank_max, rank_count)
+    return total, peak, lockstep, rank_max, violations, tokens_max, per_rank_min, per_rank_max
+
+
+@njit(cache=True, nogil=True)
+def bin_totals(rank, microbatch, costs, lengths, ranks, microbatches):
+    """Cost (float64), tokens and samples (int64) of every bin, each (R, M), from each sample's ``rank`` and
+    ``microbatch`` (N,); costs add up in sample order, as ``bin_totals_ref``'s ``np.bincount`` does."""
+    loads = np.zeros((ranks, microbatches))
+    tokens = np.zeros((ranks, microbatches), dtype=np.int64)
+    counts = np.zeros((ranks, microbatches), dtype=np.int64)
+    for i in range(rank.shape[0]):
+        loads[rank[i], microbatch[i]] += costs[i]
+        tokens[rank[i], microbatch[i]] += lengths[i]
+        counts[rank[i], microbatch[i]] += 1
+    return loads, tokens, counts
+
+
+def bin_totals_ref(rank, microbatch, costs, lengths, ranks, microbatches):
+    """Plain twin of ``bin_totals``."""
+    bins = rank.astype(np.int64) * microbatches + microbatch
+    shape = (ranks, microbatches)
+    return (np.bincount(bins, weights=costs, minlength=ranks * microbatches).reshape(shape),
+            np.bincount(bins, weights=lengths, minlength=ranks * microbatches).astype(np.int64).reshape(shape),
+            np.bincount(bins, minlength=ranks * microbatches).astype(np.int64).reshape(shape))

@@ -13,7 +13,7 @@ import numpy as np
 
 from balancer.cost import DEFAULT_COST_MODEL, CostModel
 from balancer.locality import crossing, plan_local, validate_layout
-from balancer.metrics import balance_metrics
+from balancer.metrics import balance_metrics, bin_totals
 from balancer.registry import Problem, get_planner
 
 # Planners that honour ``max_tokens`` and ``equal_count``; the others are reference baselines that
@@ -170,10 +170,7 @@ def _assemble(problem: Problem, method: str, rank: np.ndarray, microbatch: np.nd
         raise RuntimeError(f"planner {method!r} returned arrays of the wrong shape")
     if problem.n and (rank.min() < 0 or rank.max() >= R or microbatch.min() < 0 or microbatch.max() >= M):
         raise RuntimeError(f"planner {method!r} returned a bin outside {R} x {M}")
-    bins = rank.astype(np.int64) * M + microbatch  # (N,)
-    loads = np.bincount(bins, weights=problem.costs, minlength=R * M).reshape(R, M)
-    tokens = np.bincount(bins, weights=problem.lengths, minlength=R * M).astype(np.int64).reshape(R, M)
-    counts = np.bincount(bins, minlength=R * M).astype(np.int64).reshape(R, M)
+    loads, tokens, counts = bin_totals(rank, microbatch, problem.costs, problem.lengths, R, M)
     metrics = balance_metrics(
         loads,
         tokens,

@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from balancer import colfill as C
 from balancer import exchange as X
+from balancer import metrics as M
 from balancer import kernels as K
 from balancer.balanced import column_levels
 
@@ -19,6 +20,14 @@ def test_order_by_length_desc_matches_reference(lengths, seed):
     np.testing.assert_array_equal(got, K.order_by_length_desc_ref(lengths, seed))
     assert sorted(got.tolist()) == list(range(len(lengths)))
     assert np.all(np.diff(lengths[got]) <= 0)
+
+
+@given(st.lists(st.sampled_from([1, 2, 7, 2047, 2048, 4095, 70_000, 3_000_000]), max_size=40), st.integers(0, 2**63 - 1))
+@settings(max_examples=60, deadline=None)
+def test_order_by_length_desc_radix_passes_match_reference(lengths, seed):
+    # lengths far above the sample count take the radix path: one, two or three 11-bit passes
+    lengths = np.asarray(lengths, dtype=np.int64)
+    np.testing.assert_array_equal(K.order_by_length_desc(lengths, seed), K.order_by_length_desc_ref(lengths, seed))
 
 
 def test_order_tiebreak_depends_on_seed():
@@ -218,3 +227,18 @@ def test_column_fill_puts_large_samples_together_in_slot_zero():
     bins, levels = C.column_fill(order, costs, lengths, 2, 2, 0, False, 0, 0)
     np.testing.assert_array_equal(bins, [0, 2, 2, 1, 3])
     np.testing.assert_array_equal(levels, [100.0, 5.0])
+
+
+@given(st.data())
+@settings(max_examples=60, deadline=None)
+def test_bin_totals_match_reference(data):
+    ranks, microbatches = data.draw(st.integers(1, 5)), data.draw(st.integers(1, 4))
+    n = data.draw(st.integers(0, 50))
+    lengths = np.asarray(data.draw(st.lists(st.integers(1, 500), min_size=n, max_size=n)), dtype=np.int64)
+    costs = lengths.astype(np.float64) ** 2 / 7.0  # not exact in binary: both sum in sample order
+    rank = np.asarray(data.draw(st.lists(st.integers(0, ranks - 1), min_size=n, max_size=n)), dtype=np.int32)
+    microbatch = np.asarray(data.draw(st.lists(st.integers(0, microbatches - 1), min_size=n, max_size=n)),
+                            dtype=np.int32)
+    args = (rank, microbatch, costs, lengths, ranks, microbatches)
+    for got, ref in zip(M.bin_totals(*args), M.bin_totals_ref(*args)):
+        np.testing.assert_array_equal(got, ref)
