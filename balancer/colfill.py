@@ -43,16 +43,15 @@ from balancer.runs import _room
 @njit(cache=True, nogil=True)
 def column_fill(order, costs, lengths, ranks, microbatches, token_cap, quotas, lo, n_extra):
     """Every sample may go to any rank (one group of all ranks): see the module docstring."""
-    return column_fill_grouped(order, costs, lengths, ranks, microbatches, token_cap, quotas, lo, n_extra,
-                               np.zeros(costs.shape[0], dtype=np.int64), np.array([0, ranks], dtype=np.int64))
+    return column_fill_grouped(order, costs, lengths, ranks, microbatches, token_cap, quotas, lo, n_extra, None, None)
 
 
 @njit(cache=True, nogil=True)
 def column_fill_grouped(order, costs, lengths, ranks, microbatches, token_cap, quotas, lo, n_extra, group,
                         group_start):
     """``column_fill`` where sample i prefers the ranks ``group_start[group[i]] .. group_start[group[i] + 1] - 1``
-    (``group`` int64 (N,), ``group_start`` int64 (G + 1,), ascending from 0 to ``ranks``): see the module
-    docstring's grouped rules."""
+    (``group`` int64 (N,), ``group_start`` int64 (G + 1,), ascending from 0 to ``ranks``; both None: one
+    group of all ranks): see the module docstring's grouped rules."""
     n = order.shape[0]
     bins = np.full(costs.shape[0], -1, dtype=np.int64)
     levels = np.zeros(microbatches, dtype=np.float64)
@@ -75,7 +74,10 @@ def column_fill_grouped(order, costs, lengths, ranks, microbatches, token_cap, q
             kept = 0
             for p in range(n_left):
                 i = remaining[p]
-                first, stop = group_start[group[i]], group_start[group[i] + 1]
+                if group is None:  # pruned when compiled for None: the plain fill runs at its own speed
+                    first, stop = 0, ranks
+                else:
+                    first, stop = group_start[group[i]], group_start[group[i] + 1]
                 if sweep == 1:
                     if stop - first == ranks:
                         remaining[kept] = i  # already tried every rank
