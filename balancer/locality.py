@@ -43,6 +43,7 @@ the non-local plan unchanged.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 from numba import njit
@@ -69,6 +70,16 @@ class Layout:
     @property
     def nodes(self) -> int:
         return self.node_ranks.size
+
+    @cached_property
+    def by_node(self) -> np.ndarray:
+        """The ranks node by node (ascending within a node), int64 (R,): rank at each grouped position."""
+        return np.argsort(self.rank_node, kind="stable")
+
+    @cached_property
+    def node_start(self) -> np.ndarray:
+        """Where each node's ranks start in ``by_node``, int64 (K + 1,)."""
+        return np.concatenate([[0], np.cumsum(self.node_ranks)])
 
     @property
     def spans_nodes(self) -> bool:
@@ -101,7 +112,7 @@ def _node_indices(name: str, values, size: int, what: str) -> np.ndarray:
     arr = np.asarray(values)
     if arr.shape != (size,):
         raise ValueError(f"{name} must have shape ({size},), one node index per {what[:-1]}, got shape {arr.shape}")
-    if size and (arr.dtype == bool or not np.issubdtype(arr.dtype, np.integer)):
+    if size and arr.dtype.kind not in "iu":
         raise ValueError(f"{name} must hold integer node indices, got dtype {arr.dtype}")
     arr = arr.astype(np.int64, copy=False)
     if size and arr.min() < 0:
@@ -114,8 +125,19 @@ def crossing(layout: Layout, lengths: np.ndarray, rank: np.ndarray) -> tuple[flo
     """Fractions of samples and of tokens placed on a rank of another node than their home."""
     if not lengths.size:
         return 0.0, 0.0
-    away = layout.rank_node[rank] != layout.home  # (N,)
-    return np.count_nonzero(away) / lengths.size, float(np.dot(lengths, away) / lengths.sum())
+    samples, tokens = _away(lengths, layout.home, layout.rank_node, rank)
+    return samples / lengths.size, tokens / float(lengths.sum())
+
+
+@njit(cache=True, nogil=True)
+def _away(lengths, home, rank_node, rank):
+    """Samples and tokens on a rank of another node than their home."""
+    samples = tokens = 0
+    for i in range(lengths.shape[0]):
+        if rank_node[rank[i]] != home[i]:
+            samples += 1
+            tokens += lengths[i]
+    return samples, tokens
 
 
 def plan_local(problem: Problem, layout: Layout, plain: Planner) -> tuple[np.ndarray, np.ndarray, bool]:
@@ -168,18 +190,15 @@ def _local_plan(problem: Problem, layout: Layout, order: np.ndarray, plain: Plan
 def _grouped_plan(problem: Problem, layout: Layout, order: np.ndarray, node: np.ndarray) -> _Local | None:
     """The grouped column fill over ranks numbered node by node, polished by ``balanced``'s search."""
     quotas, lo, n_extra = problem.quotas()
-    group_start = np.zeros(layout.nodes + 1, dtype=np.int64)
-    np.cumsum(layout.node_ranks, out=group_start[1:])
     bins, levels = column_fill_grouped(order, problem.costs, problem.lengths, problem.ranks, problem.microbatches,
-                                       problem.token_cap(), quotas, lo, n_extra, node, group_start)
+                                       problem.token_cap(), quotas, lo, n_extra, node, layout.node_start)
     if np.any(bins < 0):
         return None
     columns = np.arange(problem.n_bins, dtype=np.int64) % problem.microbatches
     refined(problem, bins, columns, positive_levels(levels), float(problem.costs.max()))
     cand = Candidate(bins, flat=False, index=0)
     lay_out(problem, cand)
-    rank_at = np.argsort(layout.rank_node, kind="stable")  # rank at each position of the grouped start
-    return _Local(rank_at[cand.rank_of_bin[bins]], cand.slot_of_bin[bins], cand.peak, cand.lockstep)
+    return _Local(layout.by_node[cand.rank_of_bin[bins]], cand.slot_of_bin[bins], cand.peak, cand.lockstep)
 
 
 def _per_node_plan(problem: Problem, layout: Layout, node: np.ndarray, plain: Planner) -> _Local | None:
@@ -188,8 +207,7 @@ def _per_node_plan(problem: Problem, layout: Layout, node: np.ndarray, plain: Pl
     rank = np.empty(problem.n, dtype=np.int64)
     slot = np.empty(problem.n, dtype=np.int64)
     quotas, lo, _ = problem.quotas()
-    for k, ranks_of_k in enumerate(np.split(np.argsort(layout.rank_node, kind="stable"),
-                                            np.cumsum(layout.node_ranks)[:-1])):
+    for k, ranks_of_k in enumerate(np.split(layout.by_node, layout.node_start[1:-1])):
         mine = np.flatnonzero(node == k)
         if not mine.size:
             continue
