@@ -551,19 +551,9 @@ def swap_home(order, costs, lengths, home, rank_node, rank, slot, microbatches, 
                 best, best_gap = y, gap
         if best < 0:
             continue
-        y = best
-        by = rank[y] * M + slot[y]
-        d, dt = costs[y] - costs[i], lengths[y] - lengths[i]
-        loads[bx] += d
-        loads[by] -= d
-        tokens[bx] += dt
-        tokens[by] -= dt
-        rank_total[rank[i]] += d
-        rank_total[rank[y]] -= d
-        rank[i], rank[y] = rank[y], rank[i]
-        slot[i], slot[y] = slot[y], slot[i]
+        _trade(i, best, rank, slot, loads, tokens, rank_total, costs, lengths, M)
         used[i] = True
-        used[y] = True
+        used[best] = True
         swaps += 1
     if swaps:  # each rank's microbatches heaviest first again (ties: lower slot)
         position = np.empty(R * M, dtype=np.int64)  # new slot of each old bin
@@ -582,15 +572,31 @@ def swap_home(order, costs, lengths, home, rank_node, rank, slot, microbatches, 
     return swaps
 
 
+@njit(cache=True, nogil=True)
+def _trade(i, y, rank, slot, loads, tokens, rank_total, costs, lengths, microbatches):
+    """Samples ``i`` and ``y`` trade places: their ranks and slots, and the loads, tokens and rank totals of
+    both bins (``loads``/``tokens`` per bin ``rank * M + slot``)."""
+    bx, by = rank[i] * microbatches + slot[i], rank[y] * microbatches + slot[y]
+    d, dt = costs[y] - costs[i], lengths[y] - lengths[i]
+    loads[bx] += d
+    loads[by] -= d
+    tokens[bx] += dt
+    tokens[by] -= dt
+    rank_total[rank[i]] += d
+    rank_total[rank[y]] -= d
+    rank[i], rank[y] = rank[y], rank[i]
+    slot[i], slot[y] = slot[y], slot[i]
+
+
 def swap_home_ref(order, costs, lengths, home, rank_node, rank, slot, microbatches, token_cap) -> int:
     """Plain twin of ``swap_home``."""
     M, R = microbatches, len(rank_node)
-    loads, tokens = [0.0] * (R * M), [0] * (R * M)
+    loads, tokens = np.zeros(R * M), np.zeros(R * M, dtype=np.int64)
     for i in range(len(costs)):
         loads[rank[i] * M + slot[i]] += costs[i]
         tokens[rank[i] * M + slot[i]] += int(lengths[i])
     column_max = [max(loads[r * M + j] for r in range(R)) for j in range(M)]
-    rank_total = [sum(loads[r * M:(r + 1) * M]) for r in range(R)]
+    rank_total = np.array([sum(loads[r * M:(r + 1) * M]) for r in range(R)])
     rank_max = max(rank_total)
     start_node = rank_node[rank]  # (N,), before any trade
     away = [int(y) for y in list(order)[::-1] if start_node[y] != home[y]]  # cheapest first
@@ -618,18 +624,8 @@ def swap_home_ref(order, costs, lengths, home, rank_node, rank, slot, microbatch
             best = y
         if best is None:
             continue
-        y = best
-        bx, by = rank[i] * M + slot[i], rank[y] * M + slot[y]
-        d, dt = costs[y] - costs[i], int(lengths[y]) - int(lengths[i])
-        loads[bx] += d
-        loads[by] -= d
-        tokens[bx] += dt
-        tokens[by] -= dt
-        rank_total[rank[i]] += d
-        rank_total[rank[y]] -= d
-        rank[i], rank[y] = rank[y], rank[i]
-        slot[i], slot[y] = slot[y], slot[i]
-        used.update((int(i), int(y)))
+        _trade.py_func(i, best, rank, slot, loads, tokens, rank_total, costs, lengths, M)
+        used.update((int(i), int(best)))
         swaps += 1
     if swaps:
         position = {}
