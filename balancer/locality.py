@@ -412,12 +412,7 @@ def split_nodes_ref(order, density, costs, home, node_ranks, quotas, lo) -> np.n
             count[node[i]] += 1
 
     def move(i, d):
-        if node[i] >= 0:
-            excess[node[i]] -= costs[i]
-            count[node[i]] -= 1
-        node[i] = d
-        excess[d] += costs[i]
-        count[d] += 1
+        _move.py_func(i, d, node, excess, count, costs)
 
     def furthest_below():
         return min((k for k in range(K) if node_ranks[k]), key=lambda k: (excess[k], k))
