@@ -87,7 +87,7 @@ def plan(
     placed to keep the most tokens home. With every rank on one node the plan is the one without
     locality. ``metrics`` report ``crossing_samples`` and ``crossing_tokens`` (fractions placed on a rank
     of another node than their home; 0.0 without ``home``) for every method, and ``locality_fallback``
-    (1 when the rule fell back).
+    (1 where the plan is the non-local one: the local plan lost the rule, or there was none).
     """
     planner = get_planner(method)
     ranks = _positive_int("ranks", ranks)
