@@ -104,9 +104,8 @@ class SequenceLoader:
         try:
             while (messages := stream.next_message()) is not None:
                 built = {r: message_steps(messages[r], pin_memory=self.config.pin_memory) for r in ranks}
-                cursors = messages[ranks[0]].cursors.tolist()
-                for k, cursor in enumerate(cursors):
-                    step = built[ranks[0]][k][0].step
+                first = messages[ranks[0]]
+                for k, (step, cursor) in enumerate(zip(first.steps.tolist(), first.cursors.tolist())):
                     if per_step:
                         self._advance(ranks, epoch, step, cursor)
                         yield [built[r][k] for r in ranks]

@@ -233,10 +233,9 @@ class Service:
                 queue.put_nowait(("error", error))
 
     def _layout(self, run: _Run) -> tuple[NodeLayout | None, list]:
-        """The plan's node layout (None: no locality) and each rank's node key."""
+        """The trainer nodes' layout (None: unknown) and each rank's node key; the plan follows the
+        layout only with ``config.locality`` (homes and crossing counts use it either way)."""
         keys = [run.where[rank].node for rank in range(self.config.ranks)]
-        if not self.config.locality:
-            return None, keys
         if self.config.ranks_per_node is not None:
             return NodeLayout.per_node(self.config.ranks, self.config.ranks_per_node), keys
         if any(key is None for key in keys):  # a trainer outside the cluster: no locality
@@ -253,13 +252,14 @@ class Service:
             home_keys = _home_keys(layout, rank_keys)
             epoch_run = EpochRun(self.index, self.config, epoch=run.key.epoch,
                                  start=Resume(run.key.step, run.key.cursor), layout=layout)
-            sender = run.sender = _Sender(self, run, epoch_run, rank_keys, deliveries)
+            sender = run.sender = _Sender(self, epoch_run, rank_keys, deliveries)
             blocks = epoch_run.blocks()
-            sequence = ((block, i) for block in blocks for i in range(len(epoch_run.units(block))))
+            sequence = (  # (unit, home) of every unit still to read, in order; homes once per block
+                pair for block in blocks for pair in zip(epoch_run.units(block), epoch_run.homes(block).tolist())
+            )
             for block in blocks:
                 need = len(epoch_run.units(block))
-                for b, i in itertools.islice(sequence, max(0, need + self.readahead - len(inflight))):
-                    unit, home = epoch_run.units(b)[i], int(epoch_run.homes(b)[i])
+                for unit, home in itertools.islice(sequence, max(0, need + self.readahead - len(inflight))):
                     inflight.append(asyncio.ensure_future(self.fetch(unit, home_keys.get(home))))
                 reads = [await inflight.popleft() for _ in range(need)]
                 sender.hold(epoch_run.units(block), reads)
@@ -360,10 +360,8 @@ class _Sender:
     """Groups planned steps into messages and sends each group's packing off; keeps the unit
     handles that future steps still read (and only those)."""
 
-    def __init__(self, service: Service, run: _Run, epoch_run: EpochRun, rank_keys: list,
-                 deliveries: asyncio.Queue) -> None:
+    def __init__(self, service: Service, epoch_run: EpochRun, rank_keys: list, deliveries: asyncio.Queue) -> None:
         self.service = service
-        self.run = run
         self.epoch_run = epoch_run
         self.deliveries = deliveries
         self.rank_keys = rank_keys
