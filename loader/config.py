@@ -86,11 +86,6 @@ class LoaderConfig:
             )
 
     @property
-    def plans_locality(self) -> bool:
-        """Whether plans follow a declared layout (``ranks_per_node``) without asking Ray."""
-        return self.locality and self.ranks_per_node is not None
-
-    @property
     def window(self) -> int:
         """Rows per shuffle block: at least one global batch."""
         return max(self.shuffle_window or DEFAULT_SHUFFLE_WINDOW, self.samples_per_step)

@@ -35,7 +35,7 @@ class InlineClient:
         self._stats = Stats(index.skipped_files)
         self._lock = threading.Lock()
         # one process: the layout only shapes the plans, when the user declares one
-        self.layout = NodeLayout.per_node(config.ranks, config.ranks_per_node) if config.plans_locality else None
+        self.layout = NodeLayout.per_node(config.ranks, config.ranks_per_node) if config.ranks_per_node else None
         warm_up(config)
 
     def open(self, ranks: tuple[int, ...], epoch: int, start: Resume) -> InlineStream:

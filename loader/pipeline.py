@@ -77,9 +77,11 @@ class PlannedStep:
 class EpochRun:
     """The steps of epoch ``epoch`` from ``start`` on; see the module docstring.
 
-    ``layout`` (trainer ranks' nodes) makes the plans locality-aware: each unit gets a home node
-    (:func:`loader.nodes.assign_homes`, per block) and the planner keeps samples on their home
-    node wherever balance allows. None, or a layout of one node, plans without locality.
+    ``layout`` (trainer ranks' nodes) gives each unit a home node (:func:`loader.nodes.assign_homes`,
+    per block) and, with ``config.locality``, makes the plans locality-aware: the planner keeps
+    samples on their home node wherever balance allows. Samples planned away from home are counted
+    either way (:attr:`PlannedStep.crossing`), so plans with and without locality compare. None, or
+    a layout of one node, plans without locality.
     """
 
     def __init__(
@@ -205,7 +207,8 @@ class EpochRun:
     def _plan(self, batch: tuple, counts: Counts) -> PlannedStep:
         unit, row, lengths, home, _ = batch
         c = self.config
-        locality = {} if self.layout is None else {"home": home, "rank_node": self.layout.rank_node}
+        planned_locally = self.layout is not None and c.locality
+        locality = {"home": home, "rank_node": self.layout.rank_node} if planned_locally else {}
         started = time.perf_counter()
         try:
             plan = balancer.plan(

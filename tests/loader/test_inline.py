@@ -237,7 +237,8 @@ def test_locality_plans_are_exact_deterministic_and_resume(data):
         assert collect(again) == steps  # same seed, same layout: same batches
     with SequenceLoader(data, **{**kwargs, "locality": False}) as plain:
         off = collect(plain)
-        assert plain.stats()["crossing_samples"] == 0.0  # no layout: nothing is counted as crossing
+        # the same homes, a plan that ignores them: far more crosses (2 nodes of equal ranks: about half)
+        assert plain.stats()["crossing_tokens"] > 2 * stats["crossing_tokens"]
     # the same samples in every step, whichever bins they went to
     assert [sorted(u for rank in s for mb in rank for u in mb["user_ids"]) for s in off] == \
         [sorted(u for rank in s for mb in rank for u in mb["user_ids"]) for s in steps]
