@@ -11,7 +11,7 @@ Run (from the repository root, on a quiet machine; the synthetic sets are writte
 bench, not for figures; ``--long-rows``, ``--short-rows``, ``--datasets``, ``--contenders`` narrow it further.
 
 Datasets, in the data contract (design §3), read by every contender; the synthetic ones are written with
-``loader.synth.write_synthetic(users=N, lengths="lognormal", median=..., max_len=21000, seed=0)`` (log-scale sigma
+``loader.synth.write_synthetic(users=N, lengths="lognormal", median=..., max_len=21000, seed=--seed)`` (log-scale sigma
 1.2) and cached under ``--data-dir`` (default ``out/bench-data/``, git-ignored) while their parameters match:
 
 - ``long``: ``--long-rows`` (default 120,000) histories of median 400 events, heavy tail (~820 per row on average).
@@ -34,7 +34,7 @@ each batch into the same jagged torch tensors (user ids, and per list column val
    batch_size=G // R, ...)`` with the same collate: Ray Train's ``batch_size`` is per worker, so G // R per
    worker makes the same global batch of G as ours. ``equal=True`` (Ray Train's default) drops the last
    ``rows % R`` rows; the check allows exactly that.
-4. ``ours``: ``loader.SequenceLoader(dir, ranks=R, microbatches=M, samples_per_step=G, backend="ray", seed=0)``
+4. ``ours``: ``loader.SequenceLoader(dir, ranks=R, microbatches=M, samples_per_step=G, backend="ray", seed=--seed)``
    on the running Ray; every rank's ``iter_rank(rank)`` drained by its own thread. Rows = ``len(mb.user_ids)``,
    tokens = ``len(mb.item_ids)``; planner ms/step from ``loader.stats()``. Reported as not available when
    ``loader.SequenceLoader`` cannot be imported.
@@ -437,7 +437,7 @@ def run_ours(ds: dict, cols: list[str], cfg: dict, clock: dict) -> dict:
     from loader import SequenceLoader
 
     R = cfg["R"]
-    kwargs = dict(ranks=R, microbatches=cfg["M"], samples_per_step=cfg["G"], backend="ray", seed=0)
+    kwargs = dict(ranks=R, microbatches=cfg["M"], samples_per_step=cfg["G"], backend="ray", seed=cfg["seed"])
     if cfg["columns"] == "items":
         from loader.schema import Columns
 
@@ -654,6 +654,7 @@ def parse_args(argv) -> argparse.Namespace:
                     f"batch size, R x raysplit's (default 1024; MovieLens uses {MOVIELENS_G})")
     ap.add_argument("--num-cpus", type=int, default=os.cpu_count(), help="CPUs given to Ray (default: all)")
     ap.add_argument("--warmups", type=int, default=1, help="untimed passes per contender first (default 1)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the synthetic sets and of ours' epoch order (default 0)")
     ap.add_argument("--repeats", type=int, default=None, help="timed passes per contender after the warm-up "
                     "(default 2; MovieLens at least 5; --quick 1)")
     ap.add_argument("--columns", choices=("all", "items"), default="all",
@@ -712,7 +713,7 @@ def main(argv=None) -> dict:
     if not have_ours:
         print(f"ours: NOT AVAILABLE ({why_not})", flush=True)
     args.data_dir.mkdir(parents=True, exist_ok=True)
-    datasets = [synth_dataset(name, args.rows[name], args.data_dir) if name in SHAPES
+    datasets = [synth_dataset(name, args.rows[name], args.data_dir, seed=args.seed) if name in SHAPES
                 else movielens_dataset(args.data_dir) for name in args.datasets]
     free = os.statvfs(args.data_dir)
     print(f"disk free under {args.data_dir}: {free.f_bavail * free.f_frsize / 2**30:.1f} GiB", flush=True)
@@ -738,7 +739,7 @@ def main(argv=None) -> dict:
         for ds in datasets:
             cols = dataset_columns(ds["path"], args.columns)
             G = MOVIELENS_G if ds["name"] == "movielens" else args.samples_per_step
-            cfg = {"R": args.ranks, "M": args.microbatches, "G": G, "ray_prefetch": args.ray_prefetch,
+            cfg = {"R": args.ranks, "M": args.microbatches, "G": G, "ray_prefetch": args.ray_prefetch, "seed": args.seed,
                    "columns": args.columns, "quiet_wait": args.quiet_wait, "quiet_cores": args.quiet_cores}
             n_rep = max(args.repeats, 5) if ds["name"] == "movielens" and not args.quick else args.repeats
             print(f"\n== {ds['name']}: {ds['rows']:,} rows, {ds['tokens']:,} events ({ds['tokens'] / ds['rows']:.0f} "

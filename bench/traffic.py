@@ -10,7 +10,7 @@ Cluster: ``tests/deploy/netns.py``'s two network namespaces joined by a veth pai
 `ray start --address` in the other (``--num-cpus`` CPUs each), as tests/deploy builds it. This process only
 drives: every trainer and Ray Data process runs inside a namespace (``ip netns exec``).
 
-Data: ``loader.synth.write_synthetic(users=--rows, lengths="lognormal", max_len=--max-len, seed=0,
+Data: ``loader.synth.write_synthetic(users=--rows, lengths="lognormal", max_len=--max-len, seed=--seed,
 files=--files, rows_per_group=--rows-per-group)`` (median 300 events), cached under ``out/bench-data/`` and
 read by both nodes from this machine's filesystem. Event columns: item ids, timestamps, ratings.
 
@@ -80,14 +80,14 @@ PLAN_KEYS = ("crossing", "lower_bound", "max_over")
 # ---------------------------------------------------------------- data
 
 
-def dataset(root: Path, *, rows: int, max_len: int, files: int, rows_per_group: int) -> dict:
+def dataset(root: Path, *, rows: int, max_len: int, files: int, rows_per_group: int, seed: int = 0) -> dict:
     """The synthetic set under ``root``, written once and reused while its parameters match: path, rows,
     events and the sorted user ids."""
     from loader.synth import write_synthetic
 
-    params = {"users": rows, "lengths": "lognormal", "max_len": max_len, "seed": 0, "files": files,
+    params = {"users": rows, "lengths": "lognormal", "max_len": max_len, "seed": seed, "files": files,
               "rows_per_group": rows_per_group}
-    out = root / f"traffic-u{rows}-len{max_len}-f{files}-g{rows_per_group}"
+    out = root / f"traffic-u{rows}-len{max_len}-f{files}-g{rows_per_group}" + (f"-seed{seed}" if seed else "")
     meta = out / "bench-params.json"
     if not (meta.exists() and json.loads(meta.read_text())["params"] == params):
         summary = write_synthetic(out, overwrite=True, **params)
@@ -134,7 +134,7 @@ def rank_main(spec: dict) -> None:
     from loader import SequenceLoader
 
     kwargs = dict(ranks=spec["R"], microbatches=spec["M"], samples_per_step=spec["G"], backend="ray",
-                  name=spec["name"], ray_address=spec["address"], seed=0)
+                  name=spec["name"], ray_address=spec["address"], seed=spec.get("seed", 0))
     if spec["locality"] is not None:
         kwargs["locality"] = spec["locality"]
     # Every raylet of this machine is visible to the driver's process scan, and without a node IP Ray attaches a
@@ -201,7 +201,8 @@ def run_ours(cluster, ds: dict, cfg: dict, contender: str, work: Path) -> list[d
     results = work / f"{contender}-{uuid.uuid4().hex[:8]}"
     results.mkdir()
     spec = {"R": cfg["R"], "M": cfg["M"], "G": cfg["G"], "data": ds["path"], "address": cluster.address,
-            "name": f"traffic-{results.name}", "locality": LOCALITY[contender], "results": str(results)}
+            "name": f"traffic-{results.name}", "locality": LOCALITY[contender], "results": str(results),
+            "seed": ds["params"]["seed"]}
     procs = []
     for rank, ip in enumerate(rank_ips(cluster, cfg["R"], cfg["ranks_per_node"])):
         log = open(results / f"rank{rank}.log", "w")
@@ -342,6 +343,7 @@ def verdicts(rows: list[dict]) -> list[dict]:
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rows", type=int, default=30_000, help="synthetic rows (default 30,000)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the synthetic set and of the loader (default 0)")
     ap.add_argument("--max-len", type=int, default=4096, help="longest history (default 4096)")
     ap.add_argument("--files", type=int, default=4, help="Parquet files (default 4)")
     ap.add_argument("--rows-per-group", type=int, default=1000, help="rows per row group (default 1000)")
@@ -378,7 +380,7 @@ def main(argv=None) -> dict:
     started = time.perf_counter()
     prov = git_provenance(REPO, ["loader", "balancer", "bench/traffic.py"])
     ds = dataset(DATA_ROOT, rows=args.rows, max_len=args.max_len, files=args.files,
-                 rows_per_group=args.rows_per_group)
+                 rows_per_group=args.rows_per_group, seed=args.seed)
     columns = event_columns(ds["path"])
     from bench.loader import machine
 
