@@ -87,7 +87,7 @@ def dataset(root: Path, *, rows: int, max_len: int, files: int, rows_per_group: 
 
     params = {"users": rows, "lengths": "lognormal", "max_len": max_len, "seed": seed, "files": files,
               "rows_per_group": rows_per_group}
-    out = root / f"traffic-u{rows}-len{max_len}-f{files}-g{rows_per_group}" + (f"-seed{seed}" if seed else "")
+    out = root / (f"traffic-u{rows}-len{max_len}-f{files}-g{rows_per_group}" + (f"-seed{seed}" if seed else ""))
     meta = out / "bench-params.json"
     if not (meta.exists() and json.loads(meta.read_text())["params"] == params):
         summary = write_synthetic(out, overwrite=True, **params)
