@@ -1,17 +1,22 @@
-"""``backend="ray"``: reader actors and a named coordinator actor, thin shells over the pure stages.
+"""``backend="ray"``: reader actors and a control plane, thin shells over the pure stages.
 
 - :class:`loader.reader.Reader` actors (default one per available CPU, pinned round-robin to the
   nodes that have CPUs; restartable) decode, validate and truncate row groups into their node's
   object store and return only statuses, lengths and the object's ref; on request they pack the
   rows of their node that ranks on other nodes train on, one object per (node, rank).
-- :class:`Coordinator` wraps :class:`loader.service.Service`, the control plane: it reads each
-  row group on a reader of its home node (the least busy; re-issuing a read whose reader died:
-  reads are pure, so nothing is lost or repeated), plans each step from statuses and lengths,
-  and queues every rank's messages: object refs plus row indices. It never maps a row group. It
-  is named after the loader's ``name`` in the ``freescale`` namespace, so trainer processes
-  constructing the loader with the same arguments and ``name`` attach to it (telling it their
-  node, for the locality-aware plan, and their process id, so a dead rank fails the run at once);
-  the last to ``close()`` kills it and its readers.
+- :class:`Control` wraps :class:`loader.service.Service`, the control plane: it reads each row
+  group on a reader of its home node (the least busy; re-issuing a read whose reader died: reads
+  are pure, so nothing is lost or repeated), plans each step from statuses and lengths, and
+  queues every rank's messages: object refs plus row indices. It never maps a row group.
+
+  - A loader with a ``name`` runs it as the :data:`Coordinator` actor, named after the loader in
+    the ``freescale`` namespace, so trainer processes constructing the loader with the same
+    arguments and ``name`` attach to it (telling it their node, for the locality-aware plan, and
+    their process id, so a dead rank fails the run at once); the last to ``close()`` kills it
+    and its readers.
+  - An unnamed loader is private to this process, so its control plane runs here, on an event
+    loop thread (:class:`LocalControl`): no coordinator process to start, no actor call per
+    message. Its readers stay warm for this process's next loader (:func:`loader.reader.take_readers`).
 - :class:`RayClient` is what a :class:`loader.SequenceLoader` holds in each trainer process: it
   maps a message's objects (zero-copy for row groups of its own node; a piece packed on another
   node crosses the network once) and gathers its rows into torch tensors. After decoding, an
@@ -25,26 +30,25 @@ the others' use of them (Ray kills a non-detached actor with its owner's job).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import dataclasses
 import os
 import threading
 import time
 import warnings
 
-import numpy as np
 import ray
 from ray.exceptions import ActorUnavailableError, ObjectLostError, RayActorError, RayTaskError, WorkerCrashedError
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from loader.assemble import RankMessage
 from loader.clean import UnitMeta
 from loader.config import LoaderConfig
 from loader.pipeline import Resume, warm_up
-from loader.reader import Held, Reader, reader_nodes
+from loader.reader import Held, give_back, take_readers
 from loader.service import RunKey, Service, SourcesLost, Where
 from loader.sources import SourceIndex
 
 NAMESPACE = "freescale"
-READER_RESTARTS = 8  # per reader actor; a reader that keeps dying points at a real problem
 READ_ATTEMPTS = 10  # per unit, over restarts and other readers
 _POLL_S = 5.0  # a blocking call returns "wait" after this long, so the caller can warn
 ASK_ATTEMPTS = 10  # per step: a call that failed in transit is asked again (the coordinator resends)
@@ -56,19 +60,22 @@ def coordinator_name(name: str) -> str:
     return f"freescale-loader:{name}"
 
 
-@ray.remote(num_cpus=0, max_restarts=0)
-class Coordinator:
-    """One loader's control plane: readers in, per-rank queues of messages out."""
+class Control:
+    """One loader's control plane: readers in, per-rank queues of messages out.
 
-    def __init__(self, index: SourceIndex, config: LoaderConfig, fingerprint: tuple) -> None:
+    ``watch``: check that the ranks' processes live (off when they all run in this process)."""
+
+    def __init__(self, index: SourceIndex, config: LoaderConfig, fingerprint: tuple, watch: bool = True) -> None:
         self.index = index
+        self.config = config
         self.fingerprint = fingerprint
+        self.dtypes = index.roles[0]
         self.attached = 0
         self.readers: list = []
         self.nodes: list[str] = []
         self.ready = asyncio.Event()
-        self.service = Service(index, config, fetch=self._fetch, pack=self._pack, alive=self._alive,
-                               renew=self._renew, readahead=2 * (config.num_readers or 2))
+        self.service = Service(index, config, fetch=self._fetch, pack=self._pack, renew=self._renew,
+                               alive=self._alive if watch else None, readahead=2 * (config.num_readers or 2))
         # compile or load the planner's kernels beside the first reads (the first plan waits on numba's lock)
         threading.Thread(target=warm_up, args=(config,), daemon=True).start()
 
@@ -82,10 +89,11 @@ class Coordinator:
         self.attached += 1
         return self.attached == 1
 
-    async def set_readers(self, readers: list) -> None:
+    async def set_readers(self, readers: list, nodes: list[str]) -> None:
+        """The readers, and the node each is pinned to."""
         self.readers = readers
         self.busy = [0] * len(readers)  # calls in flight per reader
-        self.nodes = await asyncio.gather(*(r.node_id.remote() for r in readers))
+        self.nodes = list(nodes)
         self.ready.set()
 
     async def release(self) -> None:
@@ -97,6 +105,10 @@ class Coordinator:
         """One loader let go; the number still attached."""
         self.attached -= 1
         return self.attached
+
+    async def close(self) -> None:
+        """Stop serving: the run in progress ends, its reads are dropped."""
+        self.service.close()
 
     async def open(self, ranks: list[int], key: RunKey, timeout: float, where: Where):
         return await self.service.open(ranks, key, timeout, where)
@@ -157,8 +169,10 @@ class Coordinator:
         and the node that holds them."""
         await self.ready.wait()
 
+        spec = self.index.only(unit)
+
         async def read(i: int):
-            meta, ref, pid = await self.readers[i].read.remote(unit)
+            meta, ref, pid = await self.readers[i].read.remote(spec, self.config.max_seq_len, self.config.skip_corrupt)
             return meta, Held(ref, i, pid), self.nodes[i]
 
         return await self._call(self._on(node), self.index.describe(unit), read)
@@ -167,7 +181,7 @@ class Coordinator:
         """Pack ``pieces`` on a reader of ``node``, where ``handles``' rows are held."""
 
         async def pack_on(i: int):
-            done, pid = await self.readers[i].pack.remote(pieces, {u: h.ref for u, h in handles.items()})
+            done, pid = await self.readers[i].pack.remote(pieces, {u: h.ref for u, h in handles.items()}, self.dtypes)
             if done == "lost":
                 raise SourcesLost(pid)
             return {rank: Held(ref, i, pid) for rank, ref in done.items()}
@@ -205,6 +219,48 @@ class Coordinator:
         return out
 
 
+Coordinator = ray.remote(num_cpus=0, max_restarts=0)(Control)  # a named loader's control plane
+
+
+class ActorControl:
+    """Calls into the :data:`Coordinator` actor: ``call`` returns an ObjectRef (see :func:`_get`)."""
+
+    def __init__(self, handle) -> None:
+        self.handle = handle
+
+    def call(self, method: str, *args):
+        return getattr(self.handle, method).remote(*args)
+
+
+class LocalControl:
+    """A :class:`Control` on this process's control-plane event loop: ``call`` returns a future
+    (see :func:`_get`). Messages are handed over as they are, nothing is serialised."""
+
+    _loop: asyncio.AbstractEventLoop | None = None
+    _lock = threading.Lock()
+
+    def __init__(self, index: SourceIndex, config: LoaderConfig, fingerprint: tuple) -> None:
+        self.loop = self._shared_loop()
+
+        async def make() -> Control:
+            return Control(index, config, fingerprint, watch=False)
+
+        self.control = asyncio.run_coroutine_threadsafe(make(), self.loop).result()
+
+    def call(self, method: str, *args) -> concurrent.futures.Future:
+        return asyncio.run_coroutine_threadsafe(getattr(self.control, method)(*args), self.loop)
+
+    @classmethod
+    def _shared_loop(cls) -> asyncio.AbstractEventLoop:
+        """One daemon thread per process runs every local control plane's event loop."""
+        with cls._lock:
+            if cls._loop is None:
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="freescale-control", daemon=True).start()
+                cls._loop = loop
+            return cls._loop
+
+
 def connect(address: str | None) -> None:
     """Join the running Ray of this process, or ``ray.init`` (no address: start or join a local Ray)."""
     if not ray.is_initialized():
@@ -212,64 +268,60 @@ def connect(address: str | None) -> None:
 
 
 class RayClient:
-    """A trainer process's handle on the named (or private) coordinator of one loader."""
+    """A trainer process's handle on its loader's control plane: in this process for an unnamed
+    loader, the named coordinator actor otherwise."""
 
     def __init__(self, index: SourceIndex, config: LoaderConfig, fingerprint: int) -> None:
         connect(config.ray_address)
-        options = {"namespace": NAMESPACE}
-        if config.name is not None:
-            options.update(name=coordinator_name(config.name), get_if_exists=True)
         self.config = config
         shape = (fingerprint, config.locality, config.ranks_per_node)
-        # Readers start beside the coordinator, not after it, when this process will likely create
-        # it: both take a process start and their imports, and the first batch waits for both.
-        readers = self._start_readers(index, config) if config.name is None or not _exists(options) else None
-        self.coordinator = Coordinator.options(**options).remote(index, config, shape)
-        if _get(self.coordinator.attach.remote(shape, config.name or "(unnamed)")):
-            self.coordinator.set_readers.remote(readers or self._start_readers(index, config))
-        else:  # another process created it first: its readers serve
-            for reader in readers or ():
-                ray.kill(reader)
+        count = config.num_readers or max(1, int(ray.available_resources().get("CPU", 1)))
         self.where = Where(node=ray.get_runtime_context().get_node_id(), pid=os.getpid())
         self.closed = False
-
-    def _start_readers(self, index: SourceIndex, config: LoaderConfig) -> list:
-        """Reader actors (default one per CPU of the cluster), round-robin over the nodes with CPUs."""
-        count = config.num_readers or max(1, int(ray.available_resources().get("CPU", 1)))
-        nodes = reader_nodes()
-        return [
-            Reader.options(
-                scheduling_strategy=NodeAffinitySchedulingStrategy(nodes[i % len(nodes)], soft=False),
-                max_restarts=READER_RESTARTS,
-            ).remote(index, config.max_seq_len, config.skip_corrupt)
-            for i in range(count)
-        ]
+        self.readers: tuple[list, list[str]] | None = None  # readers this process gives back on close
+        if config.name is None:
+            self.control = LocalControl(index, config, shape)
+            self.readers = take_readers(count)
+            self.control.call("set_readers", *self.readers)
+            return
+        options = {"namespace": NAMESPACE, "name": coordinator_name(config.name), "get_if_exists": True}
+        # Readers start beside the coordinator, not after it, when this process will likely create
+        # it: both take a process start and their imports, and the first batch waits for both.
+        readers = take_readers(count) if not _exists(options) else None
+        self.control = ActorControl(Coordinator.options(**options).remote(index, config, shape))
+        if _get(self.control.call("attach", shape, config.name)):
+            self.control.call("set_readers", *(readers or take_readers(count)))
+        elif readers is not None:  # another process created it first: its readers serve
+            give_back(*readers)
 
     def open(self, ranks: tuple[int, ...], epoch: int, start: Resume) -> RayStream:
-        return RayStream(self.coordinator, ranks, RunKey(epoch, start.step, start.cursor), self.where)
+        return RayStream(self.control, ranks, RunKey(epoch, start.step, start.cursor), self.where)
 
     def stats(self) -> dict:
-        return _get(self.coordinator.stats.remote())
+        return _get(self.control.call("stats"))
 
     def reader_handles(self) -> list:
-        return _get(self.coordinator.reader_handles.remote())
+        return _get(self.control.call("reader_handles"))
 
     def reader_nodes(self) -> list[str]:
-        return _get(self.coordinator.reader_nodes.remote())
+        return _get(self.control.call("reader_nodes"))
 
     def close(self) -> None:
         if self.closed:
             return
         self.closed = True
+        if isinstance(self.control, LocalControl):
+            _get(self.control.call("close"))
+            give_back(*self.readers)  # warm for this process's next loader
+            return
         try:
-            remaining = _get(self.coordinator.detach.remote())
+            remaining = _get(self.control.call("detach"))
         except RayActorError:  # already gone (its owner exited, or it was killed)
             return
         if remaining <= 0:
-            _get(self.coordinator.release.remote())  # its readers (this process owns them)
-            ray.kill(self.coordinator)
-            if self.config.name is not None:  # free the name before a new loader may reuse it
-                _wait_name_released(coordinator_name(self.config.name))
+            _get(self.control.call("release"))  # its readers (this process owns them)
+            ray.kill(self.control.handle)
+            _wait_name_released(coordinator_name(self.config.name))  # before a new loader may reuse it
 
 
 class RayStream:
@@ -280,13 +332,13 @@ class RayStream:
     :meth:`close`, however the iteration stopped: a rank that failed must not hold the others.
     """
 
-    def __init__(self, coordinator, ranks: tuple[int, ...], key: RunKey, where: Where) -> None:
-        self.coordinator = coordinator
+    def __init__(self, control, ranks: tuple[int, ...], key: RunKey, where: Where) -> None:
+        self.control = control
         self.ranks = ranks
         self.want = dict.fromkeys(ranks, key.step)  # rank -> the step it asks for next
         since, warned = time.monotonic(), False
         while True:
-            kind, value = _get(coordinator.open.remote(list(ranks), key, _POLL_S, where))
+            kind, value = _get(control.call("open", list(ranks), key, _POLL_S, where))
             if kind == "open":
                 break
             warned = _warn_once(value, since, warned)
@@ -325,12 +377,12 @@ class RayStream:
         """Map the message's sources; rows lost with a dead reader are read again (``repair``)."""
         for attempt in range(READ_ATTEMPTS):
             try:
-                message.sources = ray.get([held.ref for held in message.sources])
-                return message
+                # a copy: the control plane keeps the message it handed out, with its handles
+                return dataclasses.replace(message, sources=ray.get([held.ref for held in message.sources]))
             except ObjectLostError:
                 if attempt == READ_ATTEMPTS - 1:
                     raise
-                kind, repaired = _get(self.coordinator.repair.remote(rank, self.run_id, message.first_step))
+                kind, repaired = _get(self.control.call("repair", rank, self.run_id, message.first_step))
                 if kind != "step":
                     raise RuntimeError(f"rank {rank}: step {message.first_step} was lost and its run has ended")
                 message = repaired
@@ -339,14 +391,14 @@ class RayStream:
     def close(self) -> None:
         if self.members:  # ranks that did not reach the end leave the run
             try:
-                self.coordinator.leave.remote(sorted(self.members), self.run_id)
+                self.control.call("leave", sorted(self.members), self.run_id)
             except RayActorError:
                 pass
             self.members = set()
         self.ahead = {}
 
     def _request(self, rank: int):
-        return self.coordinator.next.remote(rank, self.run_id, self.want[rank], _POLL_S)
+        return self.control.call("next", rank, self.run_id, self.want[rank], _POLL_S)
 
     def _take(self, rank: int) -> tuple[str, object]:
         """The reply to the rank's request in flight; asked again while the call fails in transit."""
@@ -391,7 +443,10 @@ def _warn_once(why: str, since: float, warned: bool) -> bool:
 
 
 def _get(ref):
-    """``ray.get`` that raises the remote exception itself (a ValueError stays a ValueError)."""
+    """The reply of a control call: a local future's result, or ``ray.get`` that raises the remote
+    exception itself (a ValueError stays a ValueError)."""
+    if isinstance(ref, concurrent.futures.Future):
+        return ref.result()
     try:
         return ray.get(ref)
     except RayTaskError as exc:

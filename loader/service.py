@@ -199,6 +199,14 @@ class Service:
                 if rank in run.joined:
                     self._finish(run, rank)
 
+    def close(self) -> None:
+        """Stop: the run in progress ends where it is (its reads and packs are dropped)."""
+        run, self.run = self.run, None
+        if run is not None:
+            for task in run.tasks:
+                task.cancel()
+            run.retired.set()
+
     # ------------------------------------------------------------------ the run
 
     def _start(self, key: RunKey) -> _Run:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import fnmatch
 import os
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pyarrow as pa
@@ -78,6 +78,12 @@ class SourceIndex:
         """(dtype of every carried event column, the items column, the timestamps column or None)."""
         dtypes = {column: np.dtype(t.to_pandas_dtype()) for column, t in self.lists}
         return dtypes, self.columns.items, self.timestamps
+
+    def only(self, unit: int) -> SourceIndex:
+        """An index of row group ``unit`` alone (as its unit 0): all a reader needs to read it, a
+        few hundred bytes however large the source."""
+        u = self.units[unit]
+        return replace(self, files=(self.files[u.file],), units=(Unit(0, u.row_group, u.rows),), skipped_files=())
 
     def describe(self, unit: int) -> str:
         """``path (row group g)`` for messages."""

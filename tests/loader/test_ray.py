@@ -268,11 +268,12 @@ def test_a_dead_trainer_process_fails_the_other_ranks_fast(ray_address, data):
 
 
 def test_the_coordinator_never_maps_a_row_group(ray_address, data):
-    # The control plane gets statuses and lengths only: the coordinator process never touches a page of the
-    # object store, while the trainer process maps the rows it trains on.
-    with SequenceLoader(data, ranks=2, microbatches=2, samples_per_step=30, num_readers=2, backend="ray") as loader:
+    # The control plane gets statuses and lengths only: the coordinator process (a named loader's) never
+    # touches a page of the object store, while the trainer process maps the rows it trains on.
+    with SequenceLoader(data, ranks=2, microbatches=2, samples_per_step=30, num_readers=2, backend="ray",
+                        name="maps") as loader:
         steps = collect(loader)
-        coordinator = ray.get(loader._client.coordinator.pid.remote())
+        coordinator = ray.get(loader._client.control.handle.pid.remote())
         assert _object_store_kib(coordinator) == 0
         assert _object_store_kib(os.getpid()) > 0
     assert histories(steps) == source_histories(data)
