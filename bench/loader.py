@@ -46,7 +46,10 @@ Timing: per contender and dataset, ``--warmups`` untimed passes (default 1: star
 cache and imports), then ``--repeats`` timed passes (default 2; MovieLens at least 5); the table shows the best
 (fastest) pass, the JSON keeps all. A pass runs from constructing the reader/dataset/loader (Ray already running)
 to the last batch; closing the loader is neither timed nor counted in CPU. ``1st s`` = time to first batch: until
-every consumer (each rank, each split) holds its first batch, when a lockstep step 1 could start.
+every consumer (each rank, each split) holds its first batch, when a lockstep step 1 could start. The first
+batch of each warm-up pass is printed below the row (and kept as ``warmup_first_batch_s``): ours' first warm-up
+pass on the first dataset is the process's first loader, whose reader actors start cold; later loaders of the
+process reuse them (docs/loader.md, "Warm readers").
 
 CPU: utime + stime of this process and all its descendants (Ray's GCS, raylet, workers and actors, idle ones
 included) over the pass; ``CPU s/Mrow`` = CPU-seconds per million delivered rows, ``cores`` = CPU s / wall s (the
@@ -527,8 +530,14 @@ def one_pass(runner, ds: dict, cols: list[str], cfg: dict) -> dict:
 def measure(name: str, ds: dict, cols: list[str], cfg: dict, warmups: int, repeats: int) -> dict:
     """``warmups`` untimed passes, then ``repeats`` timed ones; the fastest pass's figures, every wall and CPU."""
     runner = RUNNERS[name]
+    warm_firsts = []  # first batch of each warm-up pass: the first one meets cold processes (ours: readers)
     for _ in range(warmups):
-        teardown = runner(ds, cols, cfg, {}).get("teardown")
+        clock: dict = {}
+        start = time.perf_counter()
+        out = runner(ds, cols, cfg, clock)
+        firsts = clock.get("first", {})
+        warm_firsts.append(max(firsts.values()) - start if len(firsts) == out["consumers"] else None)
+        teardown = out.get("teardown")
         if teardown is not None:
             teardown()
     passes = [one_pass(runner, ds, cols, cfg) for _ in range(repeats)]
@@ -540,7 +549,8 @@ def measure(name: str, ds: dict, cols: list[str], cfg: dict, warmups: int, repea
             "peak_rss_mib": max(q["peak_rss_mib"] for q in passes),
             "runs": f"best of {repeats} after {warmups} warm-up pass(es)", "all_walls_s": [q["wall_s"] for q in passes],
             "all_cpu_s": [q["cpu_s"] for q in passes], "all_foreign_cpu_s": [q["foreign_cpu_s"] for q in passes],
-            "dropped_rows": ds["rows"] - want, "complete": best["rows"] == want and tokens_ok}
+            "dropped_rows": ds["rows"] - want, "complete": best["rows"] == want and tokens_ok,
+            "warmup_first_batch_s": warm_firsts}
 
 
 # ---------------------------------------------------------------- report
@@ -757,6 +767,9 @@ def main(argv=None) -> dict:
                         row = {**base, "available": True, "error": f"{type(exc).__name__}: {exc}"}
                 result_rows.append(row)
                 print_row(row)
+                if row.get("warmup_first_batch_s"):
+                    print(f"          {name} first batch in the warm-up pass(es): "
+                          f"{', '.join(_fmt(v, '.2f') for v in row['warmup_first_batch_s'])} s", flush=True)
                 if name == "ours" and row.get("stats") is not None and not row["error"]:
                     print(f"          ours stats(): {json.dumps(row['stats'], default=str)[:1500]}; delivered "
                           f"fields {row.get('delivered_fields')}", flush=True)

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,53 +50,70 @@ class Microbatch:
         return len(self.item_ids)
 
 
-def message_steps(message: RankMessage, *, pin_memory: bool = False) -> list[list[Microbatch]]:
-    """The K steps of one rank's message, each its M microbatches, gathered from the message's
-    sources into fresh torch tensors: one buffer per column for the whole message (pinned if
-    asked), every microbatch a view of it. ``message.sources`` must be :class:`loader.rows.Rows`
-    by now (the Ray client fetches them)."""
+class MessageSteps(Sequence):
+    """The K steps of one rank's message: ``steps[k]`` is step k's M microbatches.
 
-    def empty(size: int, dtype: np.dtype) -> np.ndarray:
-        tensor_dtype = torch.from_numpy(np.empty(0, dtype=dtype)).dtype
-        return torch.empty(size, dtype=tensor_dtype, pin_memory=pin_memory).numpy()
+    The rows are gathered from the message's sources into fresh torch tensors at once, one buffer
+    per column for the whole message (pinned if asked); a step's microbatches, views of those
+    buffers, are made when the step is asked for. Made all at once, the views of a 256-step message
+    (K x M microbatches, each with 5 tensors) outlived Python's young GC generations, so every
+    message set off a full collection of the trainer process: 15% of its CPU on short histories.
+    Made per step, they die young.
+    """
 
-    rows = gather(message.sources, message.source, message.row, message.dtypes, empty=empty)
-    K, M = message.costs.shape
-    bounds = message.mb_bounds  # (K*M + 1,) row bounds of the microbatches
-    sizes = np.diff(bounds)  # (K*M,) samples per microbatch
-    token_bounds = rows.offsets[bounds]  # (K*M + 1,)
-    # every microbatch's offsets rebased to 0, all in one buffer: microbatch b owns sizes[b] + 1 entries
-    starts = np.repeat(bounds[:-1], sizes + 1) + _ranges(sizes + 1)
-    local = torch.from_numpy(rows.offsets[starts] - np.repeat(token_bounds[:-1], sizes + 1))
-    if pin_memory:
-        local = local.pin_memory()
-    offsets = torch.split(local, (sizes + 1).tolist())
-    users = torch.split(torch.from_numpy(rows.user_ids), sizes.tolist())
-    per_token = np.diff(token_bounds).tolist()
-    events = {name: torch.split(torch.from_numpy(values), per_token) for name, values in rows.events.items()}
-    items = events.pop(message.items)
-    times = events.pop(message.timestamps) if message.timestamps is not None else None
-    costs = message.costs.reshape(-1).tolist()
-    steps = message.steps.tolist()
-    out = []
-    for k in range(K):
-        step = []
-        for j in range(M):
-            b = k * M + j
-            step.append(
+    def __init__(self, message: RankMessage, *, pin_memory: bool = False) -> None:
+        def empty(size: int, dtype: np.dtype) -> np.ndarray:
+            tensor_dtype = torch.from_numpy(np.empty(0, dtype=dtype)).dtype
+            return torch.empty(size, dtype=tensor_dtype, pin_memory=pin_memory).numpy()
+
+        rows = gather(message.sources, message.source, message.row, message.dtypes, empty=empty)
+        self.M = message.costs.shape[1]
+        bounds = message.mb_bounds  # (K*M + 1,) row bounds of the microbatches
+        sizes = np.diff(bounds)  # (K*M,) samples per microbatch
+        token_bounds = rows.offsets[bounds]  # (K*M + 1,)
+        # every microbatch's offsets rebased to 0, all in one buffer: microbatch b owns sizes[b] + 1 entries
+        starts = np.repeat(bounds[:-1], sizes + 1) + _ranges(sizes + 1)
+        local = torch.from_numpy(rows.offsets[starts] - np.repeat(token_bounds[:-1], sizes + 1))
+        self.offsets = local.pin_memory() if pin_memory else local
+        self.offset_bounds = np.concatenate([[0], np.cumsum(sizes + 1)]).tolist()  # (K*M + 1,)
+        self.row_bounds, self.token_bounds = bounds.tolist(), token_bounds.tolist()
+        self.users = torch.from_numpy(rows.user_ids)
+        events = {name: torch.from_numpy(values) for name, values in rows.events.items()}
+        self.items = events.pop(message.items)
+        self.times = events.pop(message.timestamps) if message.timestamps is not None else None
+        self.features = events
+        self.costs = message.costs.reshape(-1).tolist()
+        self.steps = message.steps.tolist()
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def __getitem__(self, k: int) -> list[Microbatch]:
+        if not 0 <= k < len(self.steps):
+            raise IndexError(k)
+        out = []
+        for b in range(k * self.M, (k + 1) * self.M):
+            r0, r1 = self.row_bounds[b], self.row_bounds[b + 1]
+            t0, t1 = self.token_bounds[b], self.token_bounds[b + 1]
+            out.append(
                 Microbatch(
-                    item_ids=items[b],
-                    offsets=offsets[b],
-                    user_ids=users[b],
-                    timestamps=None if times is None else times[b],
-                    features={name: parts[b] for name, parts in events.items()},
-                    step=steps[k],
-                    index=j,
-                    cost=costs[b],
+                    item_ids=self.items[t0:t1],
+                    offsets=self.offsets[self.offset_bounds[b] : self.offset_bounds[b + 1]],
+                    user_ids=self.users[r0:r1],
+                    timestamps=None if self.times is None else self.times[t0:t1],
+                    features={name: values[t0:t1] for name, values in self.features.items()},
+                    step=self.steps[k],
+                    index=b - k * self.M,
+                    cost=self.costs[b],
                 )
             )
-        out.append(step)
-    return out
+        return out
+
+
+def message_steps(message: RankMessage, *, pin_memory: bool = False) -> MessageSteps:
+    """The K steps of one rank's message, each its M microbatches (:class:`MessageSteps`).
+    ``message.sources`` must be :class:`loader.rows.Rows` by now (the Ray client fetches them)."""
+    return MessageSteps(message, pin_memory=pin_memory)
 
 
 def _ranges(sizes: np.ndarray) -> np.ndarray:

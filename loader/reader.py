@@ -113,7 +113,7 @@ def take_readers(count: int) -> tuple[list, list[str]]:
     wanted = [nodes[i % len(nodes)] for i in range(count)]
     warm: list = [None] * count
     for i, node in enumerate(wanted):
-        match = next((k for k, (n, _) in enumerate(idle) if n == node), None)
+        match = next((k for k in reversed(range(len(idle))) if idle[k][0] == node), None)  # the latest parked
         if match is not None:
             warm[i] = idle.pop(match)[1]
     _park(idle)  # more warm readers than wanted: they wait for another loader

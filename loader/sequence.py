@@ -20,6 +20,11 @@ from loader.sources import index_source
 from loader.state import make_state, read_state
 
 
+# One thread of a process builds messages into tensors at a time: ranks drained by threads otherwise pass
+# the GIL back and forth at every NumPy, torch and kernel call (a fifth of the process's CPU on short histories).
+_ASSEMBLY = threading.Lock()
+
+
 class SequenceLoader:
     """Streams every global batch of ``samples_per_step`` histories, planned by ``balancer.plan``
     into ``ranks`` x ``microbatches`` bins of equal cost, to per-rank iterators.
@@ -103,7 +108,8 @@ class SequenceLoader:
         stream = self._client.open(ranks, epoch, self._start(ranks, epoch))
         try:
             while (messages := stream.next_message()) is not None:
-                built = {r: message_steps(messages[r], pin_memory=self.config.pin_memory) for r in ranks}
+                with _ASSEMBLY:
+                    built = {r: message_steps(messages[r], pin_memory=self.config.pin_memory) for r in ranks}
                 first = messages[ranks[0]]
                 for k, (step, cursor) in enumerate(zip(first.steps.tolist(), first.cursors.tolist())):
                     if per_step:

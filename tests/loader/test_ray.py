@@ -111,6 +111,22 @@ def test_killed_readers_restart_without_loss_or_repeat(ray_address, data):
         assert collect(inline) == taken
 
 
+def test_readers_stay_warm_for_the_next_loader_and_a_dead_one_is_replaced(ray_address, data):
+    kwargs = dict(ranks=2, microbatches=2, samples_per_step=30, shuffle_window=45, num_readers=2, seed=4, backend="ray")
+    with SequenceLoader(data, **kwargs) as first:
+        taken = collect(first)
+        pids = sorted(ray.get([r.pid.remote() for r in first.reader_handles()]))
+    with SequenceLoader(data, **kwargs) as second:  # no reader process started: the first loader's serve
+        assert collect(second) == taken
+        readers = second.reader_handles()
+        assert sorted(ray.get([r.pid.remote() for r in readers])) == pids
+    ray.kill(readers[0], no_restart=True)  # a warm reader dies while no loader uses it
+    with SequenceLoader(data, **kwargs) as third:
+        assert collect(third) == taken
+        now = set(ray.get([r.pid.remote() for r in third.reader_handles()]))
+    assert len(now) == 2 and len(now & set(pids)) == 1  # the live one reused, the dead one replaced
+
+
 def test_resume_across_processes(ray_address, data):
     kwargs = dict(ranks=3, microbatches=2, samples_per_step=23, shuffle_window=45, seed=7, num_readers=2,
                   backend="ray", ray_address=ray_address)
