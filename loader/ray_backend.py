@@ -74,6 +74,7 @@ class Control:
         self.readers: list = []
         self.nodes: list[str] = []
         self.ready = asyncio.Event()
+        self.inflight: set[ray.ObjectRef] = set()  # reads sent and not answered yet
         self.service = Service(index, config, fetch=self._fetch, pack=self._pack, renew=self._renew,
                                alive=self._alive if watch else None, readahead=2 * (config.num_readers or 2))
         # compile or load the planner's kernels beside the first reads (the first plan waits on numba's lock)
@@ -107,8 +108,11 @@ class Control:
         return self.attached
 
     async def close(self) -> None:
-        """Stop serving: the run in progress ends, its reads are dropped."""
+        """Stop serving: the run in progress ends, and reads still queued on the readers are
+        cancelled (warm readers would otherwise make the next loader wait behind them)."""
         self.service.close()
+        for call in list(self.inflight):
+            ray.cancel(call)
 
     async def open(self, ranks: list[int], key: RunKey, timeout: float, where: Where):
         return await self.service.open(ranks, key, timeout, where)
@@ -172,7 +176,12 @@ class Control:
         spec = self.index.only(unit)
 
         async def read(i: int):
-            meta, ref, pid = await self.readers[i].read.remote(spec, self.config.max_seq_len, self.config.skip_corrupt)
+            call = self.readers[i].read.remote(spec, self.config.max_seq_len, self.config.skip_corrupt)
+            self.inflight.add(call)
+            try:
+                meta, ref, pid = await call
+            finally:
+                self.inflight.discard(call)
             return meta, Held(ref, i, pid), self.nodes[i]
 
         return await self._call(self._on(node), self.index.describe(unit), read)

@@ -47,7 +47,7 @@ class Held:
     pid: int
 
 
-@ray.remote(num_cpus=0)
+@ray.remote(num_cpus=0, concurrency_groups={"control": 1})
 class Reader:
     """Reads units and packs rows on its node; holds no state but the objects it owns.
 
@@ -55,7 +55,9 @@ class Reader:
     statuses and lengths plus the object's ref: the coordinator never maps the rows. A pack maps
     units of this node (zero-copy) and puts one object per rank holding just that rank's rows.
     The objects live as long as this process (and someone holds their refs): after a restart the
-    coordinator reads again what the old process held.
+    coordinator reads again what the old process held. Reads and packs run one at a time; the
+    small control calls (``alive``, ``pid``, ``node_id``) on a thread of their own, so a liveness
+    check never waits behind queued reads.
     """
 
     def read(self, unit: SourceIndex, max_seq_len: int | None, skip_corrupt: bool) -> tuple[UnitMeta, ray.ObjectRef, int]:
@@ -74,13 +76,16 @@ class Reader:
             return "lost", str(exc)
         return {rank: ray.put(pack(held, unit, row, dtypes)) for rank, (unit, row) in pieces.items()}, os.getpid()
 
+    @ray.method(concurrency_group="control")
     def alive(self, pids: list[int]) -> list[bool]:
         """Whether each process of this node still runs (a zombie counts as dead)."""
         return [_running(pid) for pid in pids]
 
+    @ray.method(concurrency_group="control")
     def pid(self) -> int:
         return os.getpid()
 
+    @ray.method(concurrency_group="control")
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()
 
