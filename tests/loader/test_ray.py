@@ -105,10 +105,22 @@ def test_killed_readers_restart_without_loss_or_repeat(ray_address, data):
         for reader in readers:  # mid-epoch, reads of later blocks in flight or still to come
             ray.kill(reader, no_restart=False)
         taken += [[[record(mb) for mb in rank] for rank in step] for step in steps]
-        assert len(ray.get([r.node_id.remote() for r in readers])) == 2  # restarted, serving again
+        assert len(_when_served(lambda: ray.get([r.node_id.remote() for r in readers]))) == 2  # restarted, serving
     assert histories(taken) == source_histories(data)
     with SequenceLoader(data, backend="inline", **kwargs) as inline:
         assert collect(inline) == taken
+
+
+def _when_served(call, timeout: float = 60.0):
+    """``call()`` once the actors it asks have restarted (a call to one still restarting is refused)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return call()
+        except ActorUnavailableError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def test_readers_stay_warm_for_the_next_loader_and_a_dead_one_is_replaced(ray_address, data):
