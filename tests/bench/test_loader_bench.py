@@ -58,7 +58,8 @@ def test_end_to_end_tiny(tmp_path):
     assert set(got) == {(d, c) for d in ("long", "short") for c in bench_loader.CONTENDERS}
     for (dataset, contender), row in got.items():
         assert row["available"] and row["error"] is None and row["complete"], (dataset, contender, row)
-        assert row["rows_per_s"] > 0 and row["cpu_s"] > 0 and row["cpu_s_per_mrow"] == pytest.approx(
+        # CPU comes in 10 ms clock ticks: a tiny pass on warm readers can take none
+        assert row["rows_per_s"] > 0 and row["cpu_s"] >= 0 and row["cpu_s_per_mrow"] == pytest.approx(
             row["cpu_s"] / row["rows"] * 1e6)
         assert 0 < row["first_batch_s"] <= row["wall_s"]
         assert row["consumers"] == (2 if contender in ("raysplit", "ours") else 1)
@@ -70,6 +71,7 @@ def test_end_to_end_tiny(tmp_path):
         entry = targets["datasets"][dataset]
         for key in ("ours_vs_raydata_rows_per_s", "ours_vs_raydata_cpu_per_row", "ours_vs_raysplit_rows_per_s",
                     "ours_vs_raysplit_cpu_per_row", "ours_first_batch_s", "ours_vs_floor_rows_per_s"):
-            assert entry[key]["value"] > 0 and entry[key]["verdict"] in ("PASS", "FAIL"), (dataset, key)
+            least = 0 if "cpu" in key else 1e-12  # ours' CPU can be 0 ticks (above)
+            assert entry[key]["value"] >= least and entry[key]["verdict"] in ("PASS", "FAIL"), (dataset, key)
         assert entry["raydata_vs_floor_rows_per_s"] > 0 and entry["raysplit_vs_floor_rows_per_s"] > 0
     assert isinstance(targets["all_targets_pass"], bool) and isinstance(targets["all_goals_pass"], bool)
