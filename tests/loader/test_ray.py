@@ -14,6 +14,7 @@ from ray.exceptions import ActorUnavailableError
 from loader import SequenceLoader
 from loader import ray_backend
 from loader.ray_backend import NAMESPACE, coordinator_name
+from loader.reader import shutdown_readers
 
 from .helpers import (ROOT, assert_resume_equal, check_layout, collect, corrupt_row_group, histories, record,
                       run_worker_process, source_histories, synth)
@@ -137,6 +138,10 @@ def test_readers_stay_warm_for_the_next_loader_and_a_dead_one_is_replaced(ray_ad
         assert collect(third) == taken
         now = set(ray.get([r.pid.remote() for r in third.reader_handles()]))
     assert len(now) == 2 and len(now & set(pids)) == 1  # the live one reused, the dead one replaced
+    shutdown_readers()  # ends the warm ones: the next loader starts its own
+    with SequenceLoader(data, **kwargs) as fourth:
+        assert collect(fourth) == taken
+        assert not set(ray.get([r.pid.remote() for r in fourth.reader_handles()])) & now
 
 
 def test_resume_across_processes(ray_address, data):
