@@ -15,8 +15,11 @@ of similar length: per bin and bucket, tokens ``tau``, cost ``gamma`` and count 
 ``rmin * tau <= gamma <= rmax * tau`` (cost per token of the bucket's samples) and
 ``tau / Lmax <= nu <= tau / Lmin``, and bucket totals fixed. Every real plan satisfies all of it. Token
 caps bound ``tokens`` per bin and ``equal_count`` bounds each rank's count (integral + fluid).
-Symmetry: the costliest sample sits in rank 0, slot 0; with the lockstep objective the slot maxima
-are non-increasing (permuting slots alike on every rank changes nothing).
+Symmetry: the costliest sample sits in rank 0 (permuting ranks changes nothing); with the peak objective
+also in slot 0, with the lockstep objective the slot maxima are non-increasing instead (permuting slots
+alike on every rank changes nothing). Not both: the costliest sample's slot need not have the largest
+maximum (lengths 8,8,8,8,8,11 on 2x2 under a 16-token cap: the 11 sits alone at 121 in the slot whose
+maximum is the smaller, beside two slots of 8+8 = 128).
 
 The lockstep floor is the larger of that and a *counting* floor, which scales to any batch: number
 the slots by their maxima ``h_1 >= ... >= h_M``; a bin of slot k holds at most ``floor(h_k / x)``
@@ -97,11 +100,14 @@ class _Model:
         solver = highspy.Highs()
         solver.setOptionValue("output_flag", False)
         solver.setOptionValue("time_limit", float(time_limit))
+        solver.setOptionValue("mip_rel_gap", 1e-7)  # "optimal" within SAFETY, not HiGHS's default 1e-4
         solver.passModel(lp)
         solver.run()
         info = solver.getInfo()
         optimal = solver.getModelStatus() == highspy.HighsModelStatus.kOptimal
-        bound = info.objective_function_value if optimal else info.mip_dual_bound
+        # the dual bound, even when "optimal": HiGHS stops at a relative gap, and its incumbent (the primal
+        # objective) can sit above the optimum by that much ([3,7,7,1,9]^2 on 1x3: 3.5e-6 over the peak)
+        bound = info.mip_dual_bound if self.n_integer else info.objective_function_value
         if not np.isfinite(bound):
             raise RuntimeError(f"the solver returned no bound ({solver.modelStatusToString(solver.getModelStatus())})")
         found = info.objective_function_value if info.primal_solution_status == 2 else None
@@ -139,7 +145,11 @@ def certified_floor(lengths, costs, ranks: int, microbatches: int, *, objective:
     iobj = inu + nk * nb
     model = _Model(iobj + (1 if objective == "peak" else M), K * nb, iobj)
     model.upper[: K * nb] = 1.0
-    model.lower[ix] = 1.0  # the costliest sample in rank 0, slot 0 (ranks and bins are interchangeable)
+    if objective == "peak":  # the costliest sample in rank 0, slot 0 (ranks and bins are interchangeable)
+        model.lower[ix] = 1.0
+    else:  # in rank 0, any slot: the slots are already ordered by their maxima (below), and the costliest
+        # sample need not sit in the slot with the largest maximum (caps can keep its bin below another's)
+        model.upper[ix + M: ix + nb] = 0.0
     if objective == "lockstep" and peak_cap is not None:
         model.upper[iobj:] = peak_cap / cost_scale
     add = model.add
