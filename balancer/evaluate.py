@@ -1,7 +1,8 @@
 """Plan every global batch of an epoch with several methods and summarise the balance metrics.
 
-Pure: lengths in, per-method summaries out. ``freescale plan`` prints them; the offline report
-builds on the per-step values.
+Pure: each step's lengths in, per-method summaries out. The steps come from the caller (the CLI
+passes the loader's own steps, ``loader.lengths.epoch_lengths``); ``freescale plan`` prints the
+summaries, the offline report builds on the per-step values.
 """
 
 from __future__ import annotations
@@ -15,50 +16,43 @@ from balancer.metrics import lockstep_idle
 from balancer.plan import plan
 
 SUMMARY_KEYS = ("max_over_lower_bound", "max_over_mean", "bubble_fraction", "step_bubble_fraction")
-
-
-def epoch_steps(n: int, samples_per_step: int, *, seed: int = 0, shuffle: bool = True) -> list[np.ndarray]:
-    """Sample indices of each global batch: the epoch order cut into ``samples_per_step`` chunks.
-
-    The last, short batch is kept (nothing is dropped). Same seed, same order.
-    """
-    if samples_per_step < 1:
-        raise ValueError(f"samples_per_step must be >= 1, got {samples_per_step}")
-    order = np.random.default_rng(seed).permutation(n) if shuffle else np.arange(n)
-    return [order[i:i + samples_per_step] for i in range(0, n, samples_per_step)]
+PLAN_KEYS = ("token_cap_violations", "ms", "idle_cost", "samples", "tokens")
 
 
 def evaluate_epoch(
-    lengths: np.ndarray,
+    steps: Sequence[np.ndarray],
     *,
     ranks: int,
     microbatches: int,
-    samples_per_step: int,
     methods: Sequence[str],
     cost_model: CostModel | None = None,
     max_tokens: int | None = None,
     equal_count: bool = False,
     seed: int = 0,
-    shuffle: bool = True,
     progress: Callable[[Iterable], Iterable] = iter,
 ) -> dict[str, dict]:
-    """Per method: per-step metric arrays (``steps``) and their ``mean``/``max``, planner ms per step and
-    the lockstep idle cost (``metrics.lockstep_idle``) per step."""
-    steps = epoch_steps(len(lengths), samples_per_step, seed=seed, shuffle=shuffle)
+    """Plan every step (``steps[k]``: its sample lengths in batch order, e.g. the loader's steps from
+    ``loader.lengths.epoch_lengths``) with each method.
+
+    Per method: per-step metric arrays (``steps``) and their ``mean``/``max``, planner ms per step,
+    the lockstep idle cost (``metrics.lockstep_idle``), and the samples and tokens each plan holds.
+    """
     per_step: dict[str, dict[str, list]] = {
-        m: {k: [] for k in (*SUMMARY_KEYS, "token_cap_violations", "ms", "idle_cost")} for m in methods
+        m: {k: [] for k in (*SUMMARY_KEYS, *PLAN_KEYS)} for m in methods
     }
     if steps:  # warm-up outside the timings: the first call loads the compiled kernels
         for method in methods:
-            plan(lengths[steps[0][:1]], ranks=ranks, microbatches=microbatches, method=method)
-    for batch in progress(steps):
+            plan(np.asarray(steps[0][:1]), ranks=ranks, microbatches=microbatches, method=method)
+    for lengths in progress(steps):
         for method in methods:
-            p = plan(lengths[batch], ranks=ranks, microbatches=microbatches, cost_model=cost_model,
+            p = plan(lengths, ranks=ranks, microbatches=microbatches, cost_model=cost_model,
                      max_tokens=max_tokens, equal_count=equal_count, method=method, seed=seed)
             for key in (*SUMMARY_KEYS, "token_cap_violations"):
                 per_step[method][key].append(p.metrics[key])
             per_step[method]["ms"].append(p.seconds * 1e3)
             per_step[method]["idle_cost"].append(lockstep_idle(p.loads))
+            per_step[method]["samples"].append(len(p.rank))
+            per_step[method]["tokens"].append(float(p.tokens.sum()))
     out = {}
     for method, values in per_step.items():
         arrays = {k: np.asarray(v, dtype=np.float64) for k, v in values.items()}

@@ -1,7 +1,7 @@
 """Numbers of the offline balancing-quality report: lengths in, one JSON-able dict out.
 
-Plans every global batch of an epoch (``evaluate.epoch_steps``: the loader's order and seed) with each
-method and keeps, per step and method, what the report plots: the lockstep bubble fraction, max/mean,
+Plans every global batch of an epoch (given as each step's lengths: ``freescale report`` passes the
+loader's own steps, ``loader.lengths.epoch_lengths``) with each method and keeps, per step and method, what the report plots: the lockstep bubble fraction, max/mean,
 and the GPU-seconds lost to the lockstep bubble. ``freescale report`` renders the dict as HTML.
 
 Lost GPU-seconds of one step (``s`` times ``metrics.lockstep_idle``), with ``C[r, j]`` the cost of rank r's
@@ -21,7 +21,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from balancer.cost import CostModel
-from balancer.evaluate import epoch_steps, evaluate_epoch
+from balancer.evaluate import evaluate_epoch
 from balancer.plan import plan
 
 HEATMAP_METHODS = ("balanced", "naive")  # the worst step (largest ``balanced`` bubble) under each
@@ -41,7 +41,7 @@ def length_histogram(lengths: np.ndarray) -> dict:
 
 
 def build_report(
-    lengths: np.ndarray,
+    steps: Sequence[np.ndarray],
     *,
     ranks: int,
     microbatches: int,
@@ -52,10 +52,10 @@ def build_report(
     max_tokens: int | None = None,
     equal_count: bool = False,
     seed: int = 0,
-    shuffle: bool = True,
     progress: Callable[[Iterable], Iterable] = iter,
 ) -> dict:
-    """Every number of the report (see ``docs/report.md`` for the keys).
+    """Every number of the report (see ``docs/report.md`` for the keys) over ``steps``: each step's
+    sample lengths, in batch order. ``samples_per_step`` is recorded in ``config`` only.
 
     ``seconds_per_cost`` converts cost units to seconds; ``None`` leaves the GPU-hours out (lost time is
     then reported in cost units only). ``methods`` must include ``balanced``: it picks the worst step.
@@ -66,11 +66,12 @@ def build_report(
                          "leaves the largest bubble")
     if seconds_per_cost is not None and not (np.isfinite(seconds_per_cost) and seconds_per_cost > 0):
         raise ValueError(f"seconds_per_cost must be a positive number, got {seconds_per_cost!r}")
-    steps = epoch_steps(len(lengths), samples_per_step, seed=seed, shuffle=shuffle)
+    steps = [np.asarray(s, dtype=np.int64) for s in steps]
+    lengths = np.concatenate(steps) if steps else np.zeros(0, dtype=np.int64)
     options = dict(ranks=ranks, microbatches=microbatches, cost_model=cost_model, max_tokens=max_tokens,
                    equal_count=equal_count, seed=seed)
-    per_step = {m: r["steps"] for m, r in evaluate_epoch(lengths, samples_per_step=samples_per_step, methods=methods,
-                                                          shuffle=shuffle, progress=progress, **options).items()}
+    per_step = {m: r["steps"] for m, r in evaluate_epoch(steps, methods=methods, progress=progress,
+                                                          **options).items()}
     bubble = {m: v["bubble_fraction"] for m, v in per_step.items()}  # lockstep bubble fraction per step
     max_over_mean = {m: v["max_over_mean"] for m, v in per_step.items()}
     lost_cost = {m: v["idle_cost"] for m, v in per_step.items()}  # lost GPU time per step, cost units
@@ -80,26 +81,28 @@ def build_report(
         "config": {"ranks": ranks, "microbatches": microbatches, "samples_per_step": samples_per_step,
                    "methods": methods, "cost_model": (cost_model.to_dict() if cost_model else None),
                    "seconds_per_cost": seconds_per_cost, "max_tokens": max_tokens, "equal_count": equal_count,
-                   "seed": seed, "shuffle": shuffle},
+                   "seed": seed},
         "histories": int(lengths.size),
         "tokens": int(lengths.sum()),
         "histogram": length_histogram(lengths),
         "steps": len(steps),
+        "planned_samples": {m: v["samples"].astype(np.int64).tolist() for m, v in per_step.items()},
+        "planned_tokens": {m: v["tokens"].astype(np.int64).tolist() for m, v in per_step.items()},
         "bubble_fraction": {m: v.tolist() for m, v in bubble.items()},
         "max_over_mean": {m: v.tolist() for m, v in max_over_mean.items()},
         "cdf": {m: np.sort(v).tolist() for m, v in max_over_mean.items()},
-        "worst_step": _worst_step(lengths, steps, worst, options),
+        "worst_step": _worst_step(steps, worst, options),
         "lost_cost_units": {m: float(v.sum()) for m, v in lost_cost.items()},
         "gpu_hours_lost": ({m: float(v.sum()) * seconds_per_cost / 3600 for m, v in lost_cost.items()}
                            if seconds_per_cost is not None else None),
     }
 
 
-def _worst_step(lengths: np.ndarray, steps: list[np.ndarray], worst: int | None, options: dict) -> dict | None:
+def _worst_step(steps: list[np.ndarray], worst: int | None, options: dict) -> dict | None:
     """The (R, M) loads of step ``worst`` under each of ``HEATMAP_METHODS`` (planning is deterministic)."""
     if worst is None:
         return None
-    plans = {m: plan(lengths[steps[worst]], method=m, **options) for m in HEATMAP_METHODS}
+    plans = {m: plan(steps[worst], method=m, **options) for m in HEATMAP_METHODS}
     return {"index": worst, "samples": int(len(steps[worst])),
             "loads": {m: p.loads.tolist() for m, p in plans.items()},
             "bubble_fraction": {m: p.metrics["bubble_fraction"] for m, p in plans.items()}}

@@ -1,7 +1,7 @@
 """``freescale demo``: the main job on the embedded default, over the bundled MovieLens sample.
 
-Convert the bundled ratings into the data contract, plan every step of an epoch with ``balanced``
-and each reference planner and print the balance table; then stream the epoch through
+Convert the bundled ratings into the data contract, plan every step of the loader's epoch with
+``balanced`` and each reference planner and print the balance table; then stream the epoch through
 ``loader.SequenceLoader`` on a local Ray (reader actors, coordinator, per-rank queues) and report
 what every rank received and the balance of the delivered plan.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from freescale.planning import add_plan_flags, evaluate_args, format_table
+from freescale.planning import add_plan_flags, evaluate_args, format_table, loader_arguments
 
 
 def register(sub) -> None:
@@ -27,8 +27,10 @@ def register(sub) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from balancer import CostModel
+    from loader.config import LoaderConfig
     from loader.convert import convert_events
-    from loader.lengths import read_lengths
+    from loader.lengths import epoch_lengths
     from loader.sample_data import movielens_ratings_path
 
     with tempfile.TemporaryDirectory(prefix="freescale-demo-") as tmp:
@@ -37,12 +39,12 @@ def _run(args: argparse.Namespace) -> int:
                                  time_col="timestamp", feature_cols=("rating",), overwrite=True)
         print(f"converted {summary['rows_read']} MovieLens ratings into {summary['users']} histories "
               f"({summary['files']} files) at {out}")
-        lengths, _ = read_lengths(out)
-        steps = -(-len(lengths) // args.samples_per_step)
-        print(f"planning {steps} steps of {args.samples_per_step} histories onto {args.ranks} ranks x "
-              f"{args.microbatches} microbatches (cost = L^2)")
-        print(format_table(evaluate_args(lengths, args)))
-        _ingest(out, len(lengths), args)
+        cost_model = CostModel.load(args.cost_model) if args.cost_model else None
+        epoch = epoch_lengths(out, LoaderConfig(backend="inline", **loader_arguments(args, cost_model)))
+        print(f"planning the loader's {len(epoch.steps)} steps of {args.samples_per_step} histories onto "
+              f"{args.ranks} ranks x {args.microbatches} microbatches (cost = L^2)")
+        print(format_table(evaluate_args(epoch.steps, args)))
+        _ingest(out, len(epoch.lengths), args)
     return 0
 
 
@@ -62,9 +64,7 @@ def _ingest(data: Path, rows: int, args: argparse.Namespace) -> None:
     samples, tokens, microbatches = np.zeros(R, np.int64), np.zeros(R, np.int64), np.zeros(R, np.int64)
     per_step = []
     try:
-        with SequenceLoader(data, ranks=R, microbatches=M, samples_per_step=args.samples_per_step,
-                            cost_model=cost_model, max_tokens=args.max_tokens, equal_count=args.equal_count,
-                            seed=args.seed, shuffle=not args.no_shuffle, backend="ray") as loader:
+        with SequenceLoader(data, backend="ray", **loader_arguments(args, cost_model)) as loader:
             with tqdm(total=rows, desc="ingest", unit="rows", file=sys.stderr) as bar:
                 for step in loader.iter_steps():
                     loads, step_tokens, counts = np.zeros((R, M)), np.zeros((R, M), np.int64), np.zeros((R, M), np.int64)

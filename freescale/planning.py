@@ -1,4 +1,10 @@
-"""``freescale plan``: balance metrics of every planner over an epoch of a real dataset."""
+"""``freescale plan``: balance metrics of every planner over the loader's steps of one epoch of a dataset.
+
+The steps are the loader's own (``loader.lengths.epoch_lengths`` runs its stages on the data): a
+``SequenceLoader`` built with the same arguments (ranks, microbatches, samples per step, seed, shuffle,
+shuffle window, max_seq_len, drop_last) cuts the same batches, skips the same rows and truncates the
+same histories; each batch is then planned with every method of ``--methods``.
+"""
 
 from __future__ import annotations
 
@@ -28,20 +34,40 @@ def add_plan_flags(p: argparse.ArgumentParser, *, ranks: int = 8, microbatches: 
     p.add_argument("--cost-model", help="JSON file with quadratic/linear/constant (default: cost = L^2)")
     p.add_argument("--max-tokens", type=int, help="cap on tokens per microbatch")
     p.add_argument("--equal-count", action="store_true", help="same number of samples on every rank (+-1)")
-    p.add_argument("--seed", type=int, default=0, help="epoch shuffle and tie-break seed (default 0)")
-    p.add_argument("--no-shuffle", action="store_true", help="plan the file order instead of a seeded shuffle")
+    p.add_argument("--seed", type=int, default=0, help="the loader's seed: epoch order and tie-breaks (default 0)")
+    p.add_argument("--no-shuffle", action="store_true", help="the loader's shuffle=False: file order")
+    p.add_argument("--shuffle-window", type=int,
+                   help="the loader's shuffle_window: rows per shuffle block (default 16384, at least G)")
+    p.add_argument("--max-seq-len", type=int,
+                   help="the loader's max_seq_len: longer histories keep their most recent events")
+    p.add_argument("--drop-last", action="store_true",
+                   help="the loader's drop_last: leave out the last short step (its rows counted as skipped)")
 
 
-def evaluate_args(lengths, args: argparse.Namespace) -> dict[str, dict]:
+def loader_arguments(args: argparse.Namespace, cost_model: CostModel | None) -> dict:
+    """The ``SequenceLoader`` keyword arguments that shape the batches, from the plan flags."""
+    return dict(
+        ranks=args.ranks, microbatches=args.microbatches, samples_per_step=args.samples_per_step,
+        cost_model=cost_model, max_seq_len=args.max_seq_len, max_tokens=args.max_tokens,
+        equal_count=args.equal_count, seed=args.seed, shuffle=not args.no_shuffle, drop_last=args.drop_last,
+        shuffle_window=args.shuffle_window,
+    )  # fmt: skip
+
+
+def bar(desc: str, unit: str):
+    """A progress wrapper for long loops: tqdm on stderr, cleared when done."""
     from tqdm import tqdm
 
+    return lambda items, total=None: tqdm(items, total=total, desc=desc, unit=unit, file=sys.stderr, leave=False)
+
+
+def evaluate_args(steps, args: argparse.Namespace) -> dict[str, dict]:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     cost_model = CostModel.load(args.cost_model) if args.cost_model else None
     return evaluate_epoch(
-        lengths, ranks=args.ranks, microbatches=args.microbatches, samples_per_step=args.samples_per_step,
-        methods=methods, cost_model=cost_model, max_tokens=args.max_tokens, equal_count=args.equal_count,
-        seed=args.seed, shuffle=not args.no_shuffle,
-        progress=lambda steps: tqdm(steps, desc="planning steps", unit="step", file=sys.stderr, leave=False),
+        steps, ranks=args.ranks, microbatches=args.microbatches, methods=methods, cost_model=cost_model,
+        max_tokens=args.max_tokens, equal_count=args.equal_count, seed=args.seed,
+        progress=bar("planning steps", "step"),
     )
 
 
@@ -59,15 +85,25 @@ def format_table(results: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def _run(args: argparse.Namespace) -> int:
-    from loader.lengths import read_lengths
+def describe(data, epoch, args: argparse.Namespace) -> str:
+    """One line on the loader's epoch: histories, events, steps, skipped and truncated rows."""
+    lengths, counts, skipped = epoch.lengths, epoch.counts, epoch.skipped()
+    return (f"{data}: {len(lengths)} histories, {int(lengths.sum())} events, {len(epoch.steps)} steps of "
+            f"{args.samples_per_step} onto {args.ranks} ranks x {args.microbatches} microbatches (the loader's steps)"
+            + (f"; skipped {skipped}" if skipped else "")
+            + (f"; truncated {counts.truncated_rows} histories ({counts.truncated_events} events)"
+               if counts.truncated_rows else ""))
 
-    lengths, skipped = read_lengths(args.data)
-    steps = -(-len(lengths) // args.samples_per_step)
-    print(f"{args.data}: {len(lengths)} histories, {int(lengths.sum())} events, {steps} steps of "
-          f"{args.samples_per_step} onto {args.ranks} ranks x {args.microbatches} microbatches"
-          + (f"; skipped {skipped}" if skipped else ""))
-    results = evaluate_args(lengths, args)
+
+def _run(args: argparse.Namespace) -> int:
+    from loader.config import LoaderConfig
+    from loader.lengths import epoch_lengths
+
+    cost_model = CostModel.load(args.cost_model) if args.cost_model else None
+    config = LoaderConfig(backend="inline", **loader_arguments(args, cost_model))
+    epoch = epoch_lengths(args.data, config, progress=bar("reading row groups", "block"))
+    print(describe(args.data, epoch, args))
+    results = evaluate_args(epoch.steps, args)
     print(format_table(results))
     if args.json_out:
         summary = {m: {"mean": r["mean"], "max": r["max"]} for m, r in results.items()}

@@ -1,9 +1,10 @@
 """``freescale report``: an offline balancing-quality report of a dataset, as report.html and report.json.
 
-Reads the dataset's history lengths, plans every step of an epoch (the loader's order: same seed, same
-steps as ``freescale plan``) with ``balanced`` and each reference planner, and writes a self-contained
-page (inline SVG, no external resources) and a JSON file holding every number the page shows.
-See ``docs/report.md``.
+The steps are the loader's own: the dataset is read through the loader's stages (``loader.lengths``:
+its epoch order, shuffle window, skipped rows, truncation to --max-seq-len, --drop-last), so a
+``SequenceLoader`` built with the same arguments delivers exactly these batches. Every step is planned
+with ``balanced`` and each reference planner; a self-contained page (inline SVG, no external resources)
+and a JSON file holding every number the page shows are written. See ``docs/report.md``.
 """
 
 from __future__ import annotations
@@ -60,32 +61,53 @@ def calibration(args: argparse.Namespace) -> tuple[CostModel | None, float | Non
     return cost_model, seconds
 
 
-def _run(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
+def make_report(data, config, *, methods, seconds_per_cost: float | None = None, progress: bool = False) -> dict:
+    """report.json's dict for the steps ``SequenceLoader(data, **config)`` delivers in epoch 0.
 
+    ``config`` is a ``loader.config.LoaderConfig`` (its backend and planner are not used); every step is
+    planned with each of ``methods``. ``dataset.skipped`` counts the rows skipped per reason, as the
+    loader's ``stats()["rows_skipped"]`` does.
+    """
     from balancer.report import build_report
+    from freescale.planning import bar
+    from loader.lengths import epoch_lengths
+
+    def quiet(items, total=None):
+        return items
+
+    read, plan = (bar("reading row groups", "block"), bar("planning steps", "step")) if progress else (quiet, quiet)
+    epoch = epoch_lengths(data, config, progress=read)
+    report = build_report(
+        epoch.steps, ranks=config.ranks, microbatches=config.microbatches, samples_per_step=config.samples_per_step,
+        methods=methods, cost_model=config.cost_model, seconds_per_cost=seconds_per_cost,
+        max_tokens=config.max_tokens, equal_count=config.equal_count, seed=config.seed, progress=plan,
+    )
+    report["config"].update(shuffle=config.shuffle, shuffle_window=config.window, max_seq_len=config.max_seq_len,
+                            drop_last=config.drop_last)
+    counts = epoch.counts
+    report["dataset"] = {"path": str(data), "skipped": epoch.skipped(), "rows_read": counts.delivered
+                         + sum(counts.skipped.values()), "rows_truncated": counts.truncated_rows,
+                         "events_truncated": counts.truncated_events, "skipped_files": epoch.skipped_files}
+    return report
+
+
+def _run(args: argparse.Namespace) -> int:
+    from freescale.planning import loader_arguments
     from freescale.report_html import render_html
-    from loader.lengths import read_lengths
+    from loader.config import LoaderConfig
 
     if args.samples_per_step < 1:
         raise ValueError(f"--samples-per-step must be >= 1, got {args.samples_per_step}")
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     cost_model, seconds_per_cost = calibration(args)
-    lengths, skipped = read_lengths(
-        args.data, progress=lambda files: tqdm(files, desc="reading lengths", unit="file", file=sys.stderr,
-                                               leave=False))
-    report = build_report(
-        lengths, ranks=args.ranks, microbatches=args.microbatches, samples_per_step=args.samples_per_step,
-        methods=methods, cost_model=cost_model, seconds_per_cost=seconds_per_cost, max_tokens=args.max_tokens,
-        equal_count=args.equal_count, seed=args.seed, shuffle=not args.no_shuffle,
-        progress=lambda steps: tqdm(steps, desc="planning steps", unit="step", file=sys.stderr, leave=False),
-    )
-    report["dataset"] = {"path": str(args.data), "skipped": skipped}
+    config = LoaderConfig(backend="inline", **loader_arguments(args, cost_model))
+    report = make_report(args.data, config, methods=methods, seconds_per_cost=seconds_per_cost, progress=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
     (out / "report.html").write_text(render_html(report))
     print(f"{args.data}: {report['histories']} histories, {report['steps']} steps of {args.samples_per_step} onto "
-          f"{args.ranks} ranks x {args.microbatches} microbatches; wrote {out / 'report.html'} and "
-          f"{out / 'report.json'}")
+          f"{args.ranks} ranks x {args.microbatches} microbatches (the loader's steps"
+          + (f"; skipped {report['dataset']['skipped']}" if report["dataset"]["skipped"] else "")
+          + f"); wrote {out / 'report.html'} and {out / 'report.json'}")
     return 0

@@ -26,13 +26,24 @@ def render_html(report: dict) -> str:
     head = (f"<p>{report['histories']} histories, {report['tokens']} events; {report['steps']} steps of "
             f"{cfg['samples_per_step']} onto {cfg['ranks']} ranks &times; {cfg['microbatches']} microbatches; "
             f"cost model {esc(_cost_text(cfg['cost_model']))}; seed {cfg['seed']}"
-            f"{'' if cfg['shuffle'] else ' (file order)'}.</p>")
+            f"{'' if cfg['shuffle'] else ' (file order)'}; the loader's steps"
+            f"{_skips_text(report.get('dataset', {}), cfg)}.</p>")
     body = [f"<h1>{esc(title)}</h1>", head, _summary_table(report), _histogram(report["histogram"]),
             _bubble_plot(report["bubble_fraction"]), _heatmaps(report["worst_step"]), _cdf_plot(report["cdf"]),
             _gpu_hours(report)]
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{esc(title)}</title><style>{STYLE}</style></head><body>\n" + "\n".join(body)
             + "\n</body></html>\n")
+
+
+def _skips_text(dataset: dict, cfg: dict) -> str:
+    """Rows the loader skips (per reason) and truncates, for the page's head line."""
+    parts = [f"{n} {html.escape(reason)}" for reason, n in (dataset.get("skipped") or {}).items()]
+    text = f"; rows skipped: {', '.join(parts)}" if parts else ""
+    if dataset.get("rows_truncated"):
+        text += (f"; {dataset['rows_truncated']} histories truncated to {cfg.get('max_seq_len')} events "
+                 f"({dataset['events_truncated']} events cut)")
+    return text
 
 
 def _cost_text(cost_model: dict | None) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Iterator
+from contextlib import closing
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
@@ -51,38 +52,47 @@ class InlineClient:
     def _steps(self, epoch: int, start: Resume) -> Iterator[tuple[PlannedStep, dict[int, Chunk]]]:
         """Planned steps, each with the decoded row groups it reads (unit -> chunk)."""
         run = EpochRun(self.index, self.config, epoch=epoch, start=start, layout=self.layout)
-        blocks = run.blocks()
-        reads = self._submit(run, blocks[0]) if blocks else []
         held: dict[int, Chunk] = {}
-        try:
-            for i, block in enumerate(blocks):
-                chunks = [read.result() for read in reads]
-                reads = self._submit(run, blocks[i + 1]) if i + 1 < len(blocks) else []
+        with closing(read_blocks(run, self.index, self.config, self.pool)) as blocks:
+            for block, chunks in blocks:
                 held.update(zip(run.units(block), chunks))
                 for planned in run.feed(block, [c.meta() for c in chunks]):
                     self._record(planned)
                     yield planned, held
                 held = {u: held[u] for u in np.unique(run.pending[0]).tolist()}  # what carried rows read
-        finally:
-            for read in reads:  # an iterator closed early: drop the read-ahead
-                read.cancel()
         for planned in run.finish():
             self._record(planned)
             yield planned, held
         with self._lock:
             self._stats.record_end(epoch, run.tail)
 
-    def _submit(self, run: EpochRun, block: int) -> list[Future]:
-        return [self.pool.submit(self._read, unit) for unit in run.units(block)]
-
-    def _read(self, unit: int) -> Chunk:
-        return read_unit(
-            self.index, unit, max_seq_len=self.config.max_seq_len, skip_corrupt=self.config.skip_corrupt
-        )
-
     def _record(self, planned: PlannedStep) -> None:
         with self._lock:
             self._stats.record(planned)
+
+
+def read_blocks(
+    run: EpochRun, index: SourceIndex, config: LoaderConfig, pool: ThreadPoolExecutor
+) -> Iterator[tuple[int, list[Chunk]]]:
+    """Each block of ``run`` still to visit with its units' decoded chunks (in ``run.units`` order),
+    read on ``pool``; the next block's row groups are read while the caller works on this one."""
+
+    def submit(block: int) -> list[Future]:
+        return [
+            pool.submit(read_unit, index, unit, max_seq_len=config.max_seq_len, skip_corrupt=config.skip_corrupt)
+            for unit in run.units(block)
+        ]
+
+    blocks = run.blocks()
+    reads = submit(blocks[0]) if blocks else []
+    try:
+        for i, block in enumerate(blocks):
+            chunks = [read.result() for read in reads]
+            reads = submit(blocks[i + 1]) if i + 1 < len(blocks) else []
+            yield block, chunks
+    finally:
+        for read in reads:  # an iterator closed early: drop the read-ahead
+            read.cancel()
 
 
 class InlineStream:

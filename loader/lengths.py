@@ -1,47 +1,74 @@
-"""History lengths of a Parquet dataset in the data contract, read without decoding the items.
+"""The loader's steps as lengths: what ``freescale report`` and ``freescale plan`` plan.
 
-Used by ``freescale plan`` (and later the offline report) to plan whole epochs from lengths alone:
-only the list offsets of the item column are read, one row group at a time.
+Runs the loader's own stages in-process, without Ray and without planning: the source index
+(:func:`loader.sources.index_source`), every row group decoded, validated and truncated by
+:func:`loader.read.read_unit` (read on a thread pool a block ahead, :func:`loader.inline.read_blocks`),
+and the epoch order cut into global batches by :class:`loader.pipeline.EpochRun`. A
+``SequenceLoader`` built with the same source and arguments plans exactly these batches, sample for
+sample in the same batch order: same seed, shuffle, shuffle window, ``max_seq_len``, ``drop_last``.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Callable, Iterable
+import os
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
+from dataclasses import dataclass
 
 import numpy as np
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
-from loader.convert import input_files
-from loader.schema import Columns, validate_schema
+from loader.config import LoaderConfig
+from loader.inline import read_blocks
+from loader.pipeline import EpochRun
+from loader.sources import index_source
+from loader.stats import Counts
 
 
-def read_lengths(source: str | Path, *, columns: Columns = Columns(),
-                 progress: Callable[[Iterable], Iterable] = iter) -> tuple[np.ndarray, dict]:
-    """Lengths (int64 (N,), file then row order) of every non-empty history, and skip counts.
+@dataclass
+class EpochLengths:
+    """One epoch of the loader's steps: ``steps[k]`` int64 (n_k,) holds step k's sample lengths
+    (after truncation) in batch order; ``counts`` is what the order passed over the epoch (rows
+    delivered, skipped per reason, ``drop_last`` included, rows and events truncated)."""
 
-    Null and empty histories cannot be planned; they are counted in the returned dict
-    (``{"null history": n, "empty history": m}``, non-zero reasons only), never dropped silently.
+    steps: list[np.ndarray]
+    counts: Counts
+    skipped_files: list[str]
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Every delivered sample's length, in step then batch order, int64 (N,)."""
+        return np.concatenate(self.steps) if self.steps else np.zeros(0, dtype=np.int64)
+
+    def skipped(self) -> dict[str, int]:
+        """Rows skipped per reason (the loader's ``stats()["rows_skipped"]`` for this epoch)."""
+        return dict(sorted(self.counts.skipped.items()))
+
+
+def epoch_lengths(
+    source,
+    config: LoaderConfig,
+    *,
+    epoch: int = 0,
+    progress: Callable[..., Iterable] = lambda blocks, total: blocks,
+) -> EpochLengths:
+    """The steps ``SequenceLoader(source, **config)`` plans in epoch ``epoch``, as lengths.
+
+    ``config`` shapes the batches as it shapes the loader's (its backend and planner are not used);
+    ``progress(blocks, total=...)`` wraps the iterator over shuffle blocks (e.g. with tqdm).
     """
-    paths = [p for p in input_files(source) if p.suffix.lower() in (".parquet", ".pq")]
-    if not paths:
-        raise FileNotFoundError(f"{source}: holds no .parquet files")
-    chunks: list[np.ndarray] = []
-    skipped = {"null history": 0, "empty history": 0}
-    for path in progress(paths):
-        try:
-            parquet = pq.ParquetFile(path)
-        except Exception as exc:  # pyarrow raises several types for a corrupt footer
-            raise ValueError(f"{path}: not a readable Parquet file ({exc})") from exc
-        validate_schema(parquet.schema_arrow, str(path), columns)
-        for group in range(parquet.num_row_groups):
-            items = parquet.read_row_group(group, columns=[columns.items]).column(0)
-            lengths = pc.list_value_length(items).to_numpy(zero_copy_only=False)  # (rows,) float if nulls
-            null = np.isnan(lengths) if lengths.dtype.kind == "f" else np.zeros(lengths.shape, bool)
-            lengths = np.where(null, 0, lengths).astype(np.int64)
-            skipped["null history"] += int(null.sum())
-            skipped["empty history"] += int(((lengths == 0) & ~null).sum())
-            chunks.append(lengths[lengths > 0])
-    lengths = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int64)
-    return lengths, {reason: n for reason, n in skipped.items() if n}
+    index = index_source(source, columns=config.contract, skip_corrupt=config.skip_corrupt)
+    run = EpochRun(index, config, epoch=epoch)
+    steps: list[np.ndarray] = []
+    counts = Counts()
+    with ThreadPoolExecutor(max_workers=config.num_readers or os.cpu_count() or 1) as pool:
+        with closing(read_blocks(run, index, config, pool)) as blocks:
+            for block, chunks in progress(blocks, total=len(run.blocks())):
+                for batch in run.batches(block, [c.meta() for c in chunks]):
+                    steps.append(batch.lengths)
+                    counts.add(batch.counts)
+    for batch in run.last_batch():
+        steps.append(batch.lengths)
+        counts.add(batch.counts)
+    counts.add(run.tail)
+    return EpochLengths(steps, counts, [path for path, _ in index.skipped_files])

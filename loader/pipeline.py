@@ -8,6 +8,10 @@ Both backends drive an :class:`EpochRun` the same way; only who reads the row gr
         for step in run.feed(block, metas): ...               # PlannedStep, in step order
     for step in run.finish(): ...
 
+:meth:`EpochRun.batches` and :meth:`EpochRun.last_batch` yield the same steps cut but not planned
+(:class:`Batch`, of which :class:`PlannedStep` is the planned kind), for whoever plans them
+otherwise (``freescale report``: ``loader.lengths``).
+
 The run sees row statuses and lengths only (:class:`loader.clean.UnitMeta`), never events: a
 planned step names its samples as (unit, valid row of that unit), and whoever holds the decoded
 row groups builds each rank's tensors from those indices (:mod:`loader.assemble`).
@@ -45,13 +49,12 @@ class Resume:
 
 
 @dataclass
-class PlannedStep:
-    """One global batch of n samples, planned into R x M bins.
+class Batch:
+    """One global batch of n samples cut from the order, before planning.
 
     Sample i (batch order) is valid row ``row[i]`` of unit ``unit[i]``, ``lengths[i]`` events,
-    home node ``home[i]`` (-1 without a node layout). Bin b = rank * M + microbatch holds the
-    samples ``order[bins[b]:bins[b + 1]]`` (ascending batch order inside a bin); ``loads`` (R, M) is
-    each bin's planned cost. ``cursor`` is the epoch position after the step.
+    home node ``home[i]`` (-1 without a node layout). ``counts`` is what the order passed for it;
+    ``cursor`` is the epoch position after the step.
     """
 
     epoch: int
@@ -61,10 +64,20 @@ class PlannedStep:
     row: np.ndarray  # int64 (n,)
     lengths: np.ndarray  # int64 (n,)
     home: np.ndarray  # int64 (n,)
+    counts: Counts
+
+
+@dataclass
+class PlannedStep(Batch):
+    """A :class:`Batch` planned into R x M bins.
+
+    Bin b = rank * M + microbatch holds the samples ``order[bins[b]:bins[b + 1]]`` (ascending batch
+    order inside a bin); ``loads`` (R, M) is each bin's planned cost.
+    """
+
     order: np.ndarray  # int64 (n,)
     bins: np.ndarray  # int64 (R*M + 1,)
     loads: np.ndarray  # float64 (R, M)
-    counts: Counts
     planner_seconds: float
     metrics: dict
     crossing: tuple[int, int] = (0, 0)  # samples, tokens planned onto a rank of another node than home
@@ -132,6 +145,20 @@ class EpochRun:
 
     def feed(self, block: int, metas: list[UnitMeta]) -> Iterator[PlannedStep]:
         """Visit the block's rows (from the cursor on) given its units' metas; yield closed steps."""
+        for batch in self.batches(block, metas):
+            yield self._plan(batch)
+
+    def finish(self) -> Iterator[PlannedStep]:
+        """After the last block: the last short batch (unless ``drop_last``), then :attr:`tail`.
+
+        :attr:`tail` holds what the order passed after the last step (trailing skipped rows, and
+        the short batch's rows under ``drop_last``); the caller counts it as the epoch's ``"end"``.
+        """
+        for batch in self.last_batch():
+            yield self._plan(batch)
+
+    def batches(self, block: int, metas: list[UnitMeta]) -> Iterator[Batch]:
+        """As :meth:`feed`, the steps cut but not planned."""
         member, row = self.order.rows_of(block, self.unit_rows)  # (n,) each, in epoch order
         begin = int(self.order.block_starts[block])
         skip = self.cursor - begin  # positions of this block visited before a resume
@@ -164,25 +191,21 @@ class EpochRun:
             counts.delivered += len(batch[0])
             self.pending_counts = Counts()
             self.cursor = begin + skip + end
-            yield self._plan(batch, counts)
+            yield self._batch(batch, counts)
             start, first = end, last
         self._visit(self.pending_counts, status[start:], new[4][first:])
         self.pending = self._take(new, first, len(positions))
         self.cursor = int(self.order.block_starts[block + 1])
 
-    def finish(self) -> Iterator[PlannedStep]:
-        """After the last block: the last short batch (unless ``drop_last``), then :attr:`tail`.
-
-        :attr:`tail` holds what the order passed after the last step (trailing skipped rows, and
-        the short batch's rows under ``drop_last``); the caller counts it as the epoch's ``"end"``.
-        """
+    def last_batch(self) -> Iterator[Batch]:
+        """As :meth:`finish`, the last short batch (if any) cut but not planned; sets :attr:`tail`."""
         batch = self.pending
         n = len(batch[0])
         counts, self.pending_counts = self.pending_counts, Counts()
         self.pending = tuple(a[:0] for a in batch)
         if n and not self.config.drop_last:
             counts.delivered += n
-            yield self._plan(batch, counts)
+            yield self._batch(batch, counts)
             return
         counts.skip(DROP_LAST, n)  # these rows were counted as truncated when visited; undo that
         counts.truncated_rows -= int(np.count_nonzero(batch[4]))
@@ -204,8 +227,15 @@ class EpochRun:
         counts.truncated_rows += int(np.count_nonzero(cut))
         counts.truncated_events += int(cut.sum())
 
-    def _plan(self, batch: tuple, counts: Counts) -> PlannedStep:
+    def _batch(self, batch: tuple, counts: Counts) -> Batch:
+        """The next step's :class:`Batch`; the step counter moves on."""
         unit, row, lengths, home, _ = batch
+        cut = Batch(self.epoch, self.step, self.cursor, unit, row, lengths, home, counts)
+        self.step += 1
+        return cut
+
+    def _plan(self, batch: Batch) -> PlannedStep:
+        lengths, home = batch.lengths, batch.home
         c = self.config
         planned_locally = self.layout is not None and c.locality
         locality = {"home": home, "rank_node": self.layout.rank_node} if planned_locally else {}
@@ -216,19 +246,17 @@ class EpochRun:
                 max_tokens=c.max_tokens, equal_count=c.equal_count, method=c.planner, seed=c.seed, **locality,
             )  # fmt: skip
         except ValueError as exc:
-            raise ValueError(f"step {self.step}: cannot plan its {len(lengths)} samples: {exc}") from exc
+            raise ValueError(f"step {batch.step}: cannot plan its {len(lengths)} samples: {exc}") from exc
         seconds = time.perf_counter() - started
         order, bins = plan.groups()
         crossing = (0, 0)
         if self.layout is not None:
             away = home != self.layout.rank_node[plan.rank]  # (n,)
             crossing = (int(np.count_nonzero(away)), int(lengths[away].sum()))
-        planned = PlannedStep(
-            self.epoch, self.step, self.cursor, unit, row, lengths, home, order, bins,
-            plan.loads.astype(np.float64), counts, seconds, plan.metrics, crossing,
+        return PlannedStep(
+            **vars(batch), order=order, bins=bins, loads=plan.loads.astype(np.float64), planner_seconds=seconds,
+            metrics=plan.metrics, crossing=crossing,
         )  # fmt: skip
-        self.step += 1
-        return planned
 
 
 def warm_up(config: LoaderConfig) -> None:

@@ -2,11 +2,11 @@
 
 import json
 
-import numpy as np
 import pytest
 
 from freescale.cli import main
-from loader.lengths import read_lengths
+from loader.config import LoaderConfig
+from loader.lengths import epoch_lengths
 from loader.synth import write_synthetic
 
 
@@ -35,16 +35,22 @@ def test_plan_errors_name_file_and_column(tmp_path, capsys):
     assert "no such file or directory" in capsys.readouterr().err
 
 
-def test_read_lengths_counts_empty_and_null_histories(tmp_path):
+def test_epoch_lengths_counts_skipped_rows_per_reason(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    table = pa.table({"user_id": pa.array([1, 2, 3, 4], pa.int64()),
-                      "item_ids": pa.array([[1, 2], [], None, [5]], pa.list_(pa.int64()))})
+    table = pa.table({"user_id": pa.array([1, 2, 3, 4, None, 6], pa.int64()),
+                      "item_ids": pa.array([[1, 2], [], None, [5], [7], [1, 2, 3]], pa.list_(pa.int64()))})
     pq.write_table(table, tmp_path / "h.parquet")
-    lengths, skipped = read_lengths(tmp_path / "h.parquet")
-    np.testing.assert_array_equal(lengths, [2, 1])
-    assert skipped == {"null history": 1, "empty history": 1}
+    epoch = epoch_lengths(tmp_path / "h.parquet", LoaderConfig(ranks=1, microbatches=1, samples_per_step=2,
+                                                               shuffle=False, max_seq_len=2))
+    assert [s.tolist() for s in epoch.steps] == [[2, 1], [2]]  # file order, truncated to 2
+    assert epoch.skipped() == {"empty history": 1, "null history": 1, "null user id": 1}
+    assert (epoch.counts.truncated_rows, epoch.counts.truncated_events) == (1, 1)
+    dropped = epoch_lengths(tmp_path / "h.parquet", LoaderConfig(ranks=1, microbatches=1, samples_per_step=2,
+                                                                 shuffle=False, drop_last=True))
+    assert [s.tolist() for s in dropped.steps] == [[2, 1]]
+    assert dropped.skipped()["drop_last"] == 1 and dropped.counts.truncated_rows == 0
 
 
 def test_demo_runs_on_bundled_movielens(capsys):

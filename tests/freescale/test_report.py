@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from balancer import CostModel, DEFAULT_COST_MODEL, plan
-from balancer.evaluate import epoch_steps
 from freescale.cli import main
-from loader.lengths import read_lengths
+from loader.config import LoaderConfig
+from loader.lengths import epoch_lengths
 from loader.synth import write_synthetic
 
 R, M, G = 4, 2, 128
@@ -37,12 +37,12 @@ def _report(data, out, *extra):
 def test_json_matches_direct_recomputation(data, tmp_path):
     seconds_per_cost = 2e-9
     report, _ = _report(data, tmp_path, "--seconds-per-cost", str(seconds_per_cost), "--seed", "5")
-    lengths, _ = read_lengths(data)
-    steps = epoch_steps(len(lengths), G, seed=5)
+    epoch = epoch_lengths(data, LoaderConfig(ranks=R, microbatches=M, samples_per_step=G, seed=5))
+    steps, lengths = epoch.steps, epoch.lengths  # the loader's steps (tests/freescale/test_report_loader.py)
     assert report["steps"] == len(steps) == 5 and report["histories"] == 600
     assert sorted(report["config"]["methods"]) == sorted(METHODS)
 
-    plans = {m: [plan(lengths[b], ranks=R, microbatches=M, method=m, seed=5) for b in steps] for m in METHODS}
+    plans = {m: [plan(b, ranks=R, microbatches=M, method=m, seed=5) for b in steps] for m in METHODS}
     for m in METHODS:
         np.testing.assert_allclose(report["bubble_fraction"][m], [p.metrics["bubble_fraction"] for p in plans[m]])
         ratios = [p.metrics["max_over_mean"] for p in plans[m]]
@@ -73,10 +73,9 @@ def test_cost_model_file_is_in_seconds(data, tmp_path):
     report, page = _report(data, tmp_path / "a", "--cost-model", str(tmp_path / "cost.json"), "--methods",
                            "balanced,naive")
     assert report["config"]["seconds_per_cost"] == 1.0 and report["config"]["cost_model"]["linear"] == 1e-6
-    lengths, _ = read_lengths(data)
     lost = 0.0
-    for batch in epoch_steps(len(lengths), G):
-        loads = plan(lengths[batch], ranks=R, microbatches=M, method="naive", cost_model=model).loads
+    for batch in epoch_lengths(data, LoaderConfig(ranks=R, microbatches=M, samples_per_step=G)).steps:
+        loads = plan(batch, ranks=R, microbatches=M, method="naive", cost_model=model).loads
         lost += R * loads.max(axis=0).sum() - loads.sum()
     assert report["gpu_hours_lost"]["naive"] == pytest.approx(lost / 3600, rel=1e-12)
     # both flags: the model's units times seconds per unit
