@@ -55,7 +55,10 @@ TARGET_KK_RATIO, TARGET_SORT_RATIO = 30.0, 10.0
 
 
 @dataclass
-class Scenario:
+class BenchCase:
+    """One benchmark scenario: a length set on a (ranks, microbatches) shape (not ``analysis.simulate.Scenario``,
+    the simulator's planner/overlap/transport choice)."""
+
     name: str
     ranks: int
     microbatches: int
@@ -78,15 +81,15 @@ def movielens_lengths() -> np.ndarray:
     return counts.astype(np.int64)
 
 
-def scenarios(quick: bool, seed: int) -> list[Scenario]:
+def scenarios(quick: bool, seed: int) -> list[BenchCase]:
     out = []
     for dist in ("lognormal", "bimodal"):
         for R, M, N in SCALES:
             if quick and N > QUICK_MAX_N:
                 continue
-            out.append(Scenario(f"{dist} N={N} {R}x{M}", R, M, sample_lengths(dist, N, max_len=MAX_LEN, seed=seed)))
+            out.append(BenchCase(f"{dist} N={N} {R}x{M}", R, M, sample_lengths(dist, N, max_len=MAX_LEN, seed=seed)))
     ml = movielens_lengths()
-    out += [Scenario(f"movielens N={ml.size} {R}x{M}", R, M, ml) for R, M in MOVIELENS_SHAPES]
+    out += [BenchCase(f"movielens N={ml.size} {R}x{M}", R, M, ml) for R, M in MOVIELENS_SHAPES]
     return out
 
 
@@ -96,7 +99,7 @@ def bubble_floor(costs: np.ndarray, ranks: int) -> float:
     return 1.0 - fair / max(fair, float(costs.max()))
 
 
-def make_row(sc: Scenario, method: str, eq: bool, cap, p, floor: float, reused: bool, costs: np.ndarray) -> dict:
+def make_row(sc: BenchCase, method: str, eq: bool, cap, p, floor: float, reused: bool, costs: np.ndarray) -> dict:
     m = p.metrics
     if reused:  # same plan, scored against this row's cap
         m = balance_metrics(p.loads, p.tokens, p.counts, max_single_cost=float(costs.max()), max_tokens=cap)
@@ -128,7 +131,7 @@ def print_row(row: dict) -> None:
           f"{row['token_cap_violations']:5d} {spr:>11} {row['ms']:9.2f}{mark}", flush=True)
 
 
-def run_scenario(sc: Scenario, methods: list[str], cost_model, seed: int) -> list[dict]:
+def run_scenario(sc: BenchCase, methods: list[str], cost_model, seed: int) -> list[dict]:
     costs = cost_model.cost(sc.lengths)
     floor = bubble_floor(costs, sc.ranks)
     cap_value = sc.token_cap()

@@ -12,8 +12,8 @@ import argparse
 import json
 import sys
 
+from analysis.evaluate import evaluate_epoch
 from balancer import CostModel, available_methods
-from balancer.evaluate import evaluate_epoch
 
 
 def register(sub) -> None:

@@ -68,7 +68,7 @@ def make_report(data, config, *, methods, seconds_per_cost: float | None = None,
     planned with each of ``methods``. ``dataset.skipped`` counts the rows skipped per reason, as the
     loader's ``stats()["rows_skipped"]`` does.
     """
-    from balancer.report import build_report
+    from analysis.report import build_report
     from freescale.planning import bar
     from loader.lengths import epoch_lengths
 

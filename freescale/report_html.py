@@ -19,7 +19,7 @@ th:first-child,td:first-child{text-align:left}.note{font-size:13px;color:#555}""
 
 
 def render_html(report: dict) -> str:
-    """The whole page for a ``balancer.report.build_report`` dict (plus ``dataset``)."""
+    """The whole page for an ``analysis.report.build_report`` dict (plus ``dataset``)."""
     cfg = report["config"]
     esc = html.escape
     title = f"FreeScale balancing report: {report.get('dataset', {}).get('path', '')}"

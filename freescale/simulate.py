@@ -51,7 +51,7 @@ def register(sub) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from balancer.simulate import run_scenarios
+    from analysis.simulate import run_scenarios
 
     ranks = _rank_counts(args.ranks)
     for name in ("microbatches", "steps", "max_len"):
@@ -93,9 +93,9 @@ def step_lengths(distribution: str, per_step: int, steps: int, *, max_len: int, 
 
 def build_timing(args: argparse.Namespace):
     """(planning cost model, Timing, calibration dict or None) from the flags."""
+    from analysis.simulate import Timing, calibrate, load_records, reproduce
     from balancer import CostModel
     from balancer.cost import DEFAULT_COST_MODEL
-    from balancer.simulate import Timing, calibrate, load_records, reproduce
     from freescale.report import load_cost_model
 
     for name in ("sm_contention", "ce_contention"):

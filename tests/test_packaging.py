@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("freescale", "balancer", "loader", "trainer", "cuda_ext")
+PACKAGES = ("freescale", "analysis", "balancer", "loader", "trainer", "cuda_ext")
 
 
 def test_wheel_ships_the_cuda_sources_and_the_sample_data(tmp_path):

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import balancer.evaluate
+import analysis.evaluate
 from freescale.cli import main
 from freescale.report import make_report
 from loader import SequenceLoader
@@ -77,14 +77,14 @@ def delivered(data, args: dict):
 
 def check_report_equals_delivery(data, args: dict, monkeypatch, methods=METHODS) -> dict:
     planned = []  # (method, sorted lengths) of every plan evaluate_epoch makes, in order
-    real_plan = balancer.evaluate.plan
+    real_plan = analysis.evaluate.plan
 
     def spy(lengths, **kwargs):
         planned.append((kwargs["method"], np.sort(np.asarray(lengths))))
         return real_plan(lengths, **kwargs)
 
     with monkeypatch.context() as patch:
-        patch.setattr(balancer.evaluate, "plan", spy)
+        patch.setattr(analysis.evaluate, "plan", spy)
         report = make_report(data, LoaderConfig(backend="inline", **args), methods=methods)
     steps, stats = delivered(data, args)
     R = args["ranks"]

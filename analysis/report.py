@@ -20,8 +20,8 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
+from analysis.evaluate import evaluate_epoch
 from balancer.cost import CostModel
-from balancer.evaluate import evaluate_epoch
 from balancer.plan import plan
 
 HEATMAP_METHODS = ("balanced", "naive")  # the worst step (largest ``balanced`` bubble) under each

@@ -1,4 +1,4 @@
-"""``balancer.simulate`` and ``freescale simulate``: closed-form schedules, scenario ordering, calibration from
+"""``analysis.simulate`` and ``freescale simulate``: closed-form schedules, scenario ordering, calibration from
 recorded bins, and a calibrated simulation that reproduces a measured 2-rank CPU run's bubble fraction."""
 
 import json
@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from balancer.cost import CostModel
-from balancer.simulate import (Timing, calibrate, load_records, measured_bubble, recorded_bins, reproduce,
+from analysis.simulate import (Timing, calibrate, load_records, measured_bubble, recorded_bins, reproduce,
                                run_scenarios, simulate)
+from balancer.cost import CostModel
 from balancer.workloads import sample_lengths
 from freescale.cli import main
 
