@@ -44,7 +44,7 @@ as ``foreign``):
 - steps/s the coordinator serves (every rank has every step), CPU-ms per step, CPU-ms per rank-message
   (all CPU / rank-messages, and the loop's CPU / rank-messages), planner ms per step (``stats()``: wall time
   of ``balancer.plan``), rank-messages per step and steps per message, and the first step's latency (until
-  every rank holds step 0: the coordinator cuts and plans a whole block before it sends the block's first step);
+  every rank holds step 0: the coordinator plans 1, 2, 4, ... steps at a time and sends each as soon as it can);
 - control bytes, measured after the timed run and not counted in its CPU: ``out`` = pickled size of every
   ``RankMessage`` handed out (kept during the run), per step; ``in`` = pickled size
   of every unit's ``UnitMeta``, per step; ``pickle ms/msg`` = CPU to pickle one rank-message (a proxy for

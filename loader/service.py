@@ -262,6 +262,7 @@ class Service:
                                  start=Resume(run.key.step, run.key.cursor), layout=layout)
             sender = run.sender = _Sender(self, epoch_run, rank_keys, deliveries)
             blocks = epoch_run.blocks()
+            chunk_steps = 1
             sequence = (  # (unit, home) of every unit still to read, in order; homes once per block
                 pair for block in blocks for pair in zip(epoch_run.units(block), epoch_run.homes(block).tolist())
             )
@@ -271,8 +272,13 @@ class Service:
                     inflight.append(asyncio.ensure_future(self.fetch(unit, home_keys.get(home))))
                 reads = [await inflight.popleft() for _ in range(need)]
                 sender.hold(epoch_run.units(block), reads)
-                steps = await asyncio.to_thread(lambda: list(epoch_run.feed(block, [meta for meta, _, _ in reads])))
-                await sender.add(steps)
+                planned = epoch_run.feed(block, [meta for meta, _, _ in reads])
+                # planned in a worker thread, a few steps at a time (1, 2, 4, ... per run): the first
+                # step goes out as soon as it is planned, not after the whole block
+                while chunk := await asyncio.to_thread(lambda: list(itertools.islice(planned, chunk_steps))):
+                    await sender.add(chunk)
+                    chunk_steps = min(2 * chunk_steps, MAX_STEPS_PER_MESSAGE)
+                sender.forget_read()
             await sender.add(await asyncio.to_thread(lambda: list(epoch_run.finish())), last=True)
             self.stats.record_end(run.key.epoch, epoch_run.tail)
             await deliveries.put(None)
@@ -393,6 +399,10 @@ class _Sender:
                 self.size = min(2 * self.size, MAX_STEPS_PER_MESSAGE)
         if last and self.group:
             await self._send()
+
+    def forget_read(self) -> None:
+        """Once a block is planned: drop the handles no future step reads (those of rows carried
+        into the next block, or of steps not sent yet, stay)."""
         needed = set(np.unique(self.epoch_run.pending[0]).tolist())
         for planned in self.group:
             needed.update(np.unique(planned.unit).tolist())
