@@ -74,7 +74,6 @@ import json
 import math
 import os
 import pickle
-import platform
 import sys
 import time
 from pathlib import Path
@@ -92,7 +91,7 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.fs as pafs  # noqa: E402
 
 from balancer.workloads import sample_lengths  # noqa: E402
-from freescale.provenance import git_provenance  # noqa: E402
+from freescale.provenance import git_provenance, machine  # noqa: E402
 from loader.clean import UnitMeta  # noqa: E402
 from loader.config import LoaderConfig  # noqa: E402
 from loader.pipeline import warm_up  # noqa: E402
@@ -289,16 +288,6 @@ def measure(args: argparse.Namespace) -> dict:
     return result
 
 
-def machine() -> dict:
-    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), platform.processor())
-    mem = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
-               if line.startswith("MemTotal"))
-    return {"cpus": os.cpu_count(), "cpu_model": model, "mem_gib": round(mem / 2**20, 1),
-            "python": platform.python_version(), "numpy": np.__version__,
-            "loadavg_start": Path("/proc/loadavg").read_text().split()[:3]}
-
-
 COLUMNS = (  # (header, key, format)
     ("shape", "shape", "s"), ("locality", "locality", ""), ("R", "ranks", "d"), ("nodes", "nodes", "d"),
     ("steps", "steps", "d"), ("wall s", "wall_s", ".2f"), ("CPU s", "cpu_s", ".2f"),
@@ -373,7 +362,7 @@ def parse_args(argv) -> argparse.Namespace:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     prov = git_provenance(REPO, ["loader", "balancer", "bench/coordinator.py"])
-    info = machine()
+    info = machine("numpy")
     print(f"bench/coordinator.py: commit {prov['commit']}"
           f"{' (loader/balancer/bench changed or untracked files)' if prov['dirty'] else ''}; "
           f"{info['cpus']} CPUs ({info['cpu_model']}), load average {' '.join(info['loadavg_start'])}", flush=True)

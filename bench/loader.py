@@ -80,7 +80,6 @@ import json
 import logging
 import math
 import os
-import platform
 import shutil
 import sys
 import tempfile
@@ -99,7 +98,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from freescale.provenance import git_provenance
+from freescale.provenance import git_provenance, machine
 
 REPO = Path(__file__).resolve().parents[1]
 DATA_ROOT = REPO / "out" / "bench-data"
@@ -637,20 +636,6 @@ def verdicts(rows: list[dict], datasets: list[dict]) -> dict:
     return out
 
 
-def machine() -> dict:
-    import pyarrow
-    import ray
-    import torch
-
-    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), platform.processor())
-    mem = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
-               if line.startswith("MemTotal"))
-    return {"cpus": os.cpu_count(), "cpu_model": model, "mem_gib": round(mem / 2**20, 1),
-            "python": platform.python_version(), "numpy": np.__version__, "pyarrow": pyarrow.__version__,
-            "ray": ray.__version__, "torch": torch.__version__, "loadavg_start": Path("/proc/loadavg").read_text().split()[:3]}
-
-
 def parse_args(argv) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     for name, (median, rows, quick) in SHAPES.items():
@@ -735,7 +720,7 @@ def main(argv=None) -> dict:
     try:
         ray.data.DataContext.get_current().enable_progress_bars = False
         logging.getLogger("ray.data").setLevel(logging.WARNING)
-        info = machine()
+        info = machine("numpy", "pyarrow", "ray", "torch")
         info["ray_resources"] = {k: v for k, v in ray.cluster_resources().items()
                                  if k in ("CPU", "memory", "object_store_memory")}
         print(f"machine: {info['cpus']} CPUs ({info['cpu_model']}), {info['mem_gib']} GiB; Ray {info['ray']} with "

@@ -382,9 +382,9 @@ def main(argv=None) -> dict:
     ds = dataset(DATA_ROOT, rows=args.rows, max_len=args.max_len, files=args.files,
                  rows_per_group=args.rows_per_group, seed=args.seed)
     columns = event_columns(ds["path"])
-    from bench.loader import machine
+    from freescale.provenance import machine
 
-    info = machine()
+    info = machine("numpy", "pyarrow", "ray", "torch")
     print(f"bench/traffic.py: commit {prov['commit']}{' (loader/balancer/bench changed)' if prov['dirty'] else ''}; "
           f"{ds['rows']:,} rows, {ds['events']:,} events ({ds['events'] / ds['rows']:.0f} per row), event columns "
           f"{columns}; M={args.microbatches} G={args.samples_per_step}; {args.num_cpus} CPUs per node; machine "

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import importlib
+import os
+import platform
 import subprocess
 from pathlib import Path
 
@@ -25,6 +28,19 @@ def git_provenance(repo: Path, paths: list[str]) -> dict:
         "diff_sha1": hashlib.sha1(diff.encode()).hexdigest()[:12] if diff else None,
         "untracked": untracked,
     }
+
+
+def machine(*packages: str) -> dict:
+    """The machine a benchmark runs on: CPUs, CPU model, memory, Python, the load average now, and the
+    version of each of ``packages`` (module names)."""
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), platform.processor())
+    mem = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
+               if line.startswith("MemTotal"))
+    return {"cpus": os.cpu_count(), "cpu_model": model, "mem_gib": round(mem / 2**20, 1),
+            "python": platform.python_version(),
+            **{name: importlib.import_module(name).__version__ for name in packages},
+            "loadavg_start": Path("/proc/loadavg").read_text().split()[:3]}
 
 
 def emit(result: dict, args, *, repo: Path, paths: list[str], extra: dict) -> dict:
