@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import warnings
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -260,6 +261,8 @@ class Service:
             home_keys = _home_keys(layout, rank_keys)
             epoch_run = EpochRun(self.index, self.config, epoch=run.key.epoch,
                                  start=Resume(run.key.step, run.key.cursor), layout=layout)
+            if self.config.locality:
+                _check_window(epoch_run)
             sender = run.sender = _Sender(self, epoch_run, rank_keys, deliveries)
             blocks = epoch_run.blocks()
             chunk_steps = 1
@@ -350,6 +353,25 @@ class Service:
             "or use iter_steps() to take all ranks in one loop"
         )
         return "; ".join(parts)
+
+
+def _check_window(epoch_run: EpochRun) -> None:
+    """Warn when a shuffle block holds fewer row groups than there are trainer nodes: a block's rows
+    have their home on at most that many nodes, so the plan must move most rows across nodes."""
+    layout, order = epoch_run.layout, epoch_run.order
+    if layout is None or order.blocks == 0:
+        return
+    per_block = float(np.median([len(order.units_of(b)) for b in range(order.blocks)]))
+    if per_block < layout.nodes:
+        rows = int(np.median(epoch_run.unit_rows))
+        warnings.warn(
+            f"a shuffle block holds about {per_block:g} row group(s) but the ranks run on {layout.nodes} nodes, so "
+            f"each block's rows have their home on at most {per_block:g} of them and the locality-aware plan must "
+            f"move most rows across nodes; pass shuffle_window >= {layout.nodes * rows} ({layout.nodes} nodes x "
+            f"{rows} rows per row group)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
 
 async def _nothing_lost(handles: dict) -> dict:

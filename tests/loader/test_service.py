@@ -2,6 +2,7 @@
 
 import asyncio
 import random
+import warnings
 import weakref
 
 import pytest
@@ -169,3 +170,22 @@ def test_a_rank_leaving_frees_the_producer_blocked_on_its_queue(index):
         assert message[0] == "end" and rest == list(range(2, 16))
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("nodes,warned", [(4, True), (2, False)])
+def test_a_shuffle_window_narrower_than_the_nodes_is_named(index, nodes, warned):
+    # 15-row row groups and a 30-row window: two row groups per block, so at most two home nodes per block
+    async def main():
+        service, _ = _service(index, ranks=nodes, samples_per_step=12)
+        for rank in range(nodes):
+            _, run_id = await service.open([rank], RunKey(0), 5.0, Where(node=f"node-{rank}"))
+        assert (await _take(service, 0, run_id))[0] == "step"
+        service.close()
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        asyncio.run(main())
+    named = [w for w in caught if "shuffle block holds about 2 row group(s)" in str(w.message)]
+    assert bool(named) == warned, [str(w.message) for w in caught]
+    if warned:
+        assert f"pass shuffle_window >= {nodes * 15}" in str(named[0].message)
