@@ -70,7 +70,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import json
 import math
 import os
 import pickle
@@ -82,6 +81,7 @@ from pathlib import Path
 # package. Drop it: the repository root (cwd, or the editable install) serves.
 _HERE = os.path.dirname(os.path.realpath(__file__))
 REPO = Path(_HERE).parent
+PATHS = ["loader", "balancer", "bench/coordinator.py"]  # the code whose provenance the result records
 sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.curdir) != _HERE]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
@@ -91,7 +91,7 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.fs as pafs  # noqa: E402
 
 from balancer.workloads import sample_lengths  # noqa: E402
-from freescale.provenance import git_provenance, machine  # noqa: E402
+from freescale.provenance import emit, git_provenance, machine  # noqa: E402
 from loader.clean import UnitMeta  # noqa: E402
 from loader.config import LoaderConfig  # noqa: E402
 from loader.pipeline import warm_up  # noqa: E402
@@ -361,7 +361,7 @@ def parse_args(argv) -> argparse.Namespace:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    prov = git_provenance(REPO, ["loader", "balancer", "bench/coordinator.py"])
+    prov = git_provenance(REPO, PATHS)
     info = machine("numpy")
     print(f"bench/coordinator.py: commit {prov['commit']}"
           f"{' (loader/balancer/bench changed or untracked files)' if prov['dirty'] else ''}; "
@@ -383,13 +383,8 @@ def main(argv=None) -> dict:
     print_table(row)
     checks = {k: row[k] for k in ("every_rank_every_step_once", "every_row_once", "microbatches_per_step_ok")}
     print(f"checks: {checks}: {'PASS' if row['complete'] else 'FAIL'}", flush=True)
-    result = {"bench": "coordinator", "provenance": prov, "machine": info,
-              "config": {k: v for k, v in vars(args).items() if k != "json_out"},
-              "seconds": time.perf_counter() - started, "row": row}
-    if args.json_out:
-        args.json_out.write_text(json.dumps(result, indent=1, default=str))
-    print(json.dumps(result, default=str), flush=True)
-    return result
+    return emit({"bench": "coordinator", "machine": info, "seconds": time.perf_counter() - started, "row": row},
+                args, repo=REPO, paths=PATHS, extra={})
 
 
 if __name__ == "__main__":

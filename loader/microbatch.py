@@ -58,7 +58,8 @@ class MessageSteps(Sequence):
     buffers, are made when the step is asked for. Made all at once, the views of a 256-step message
     (K x M microbatches, each with 5 tensors) outlived Python's young GC generations, so every
     message set off a full collection of the trainer process: 15% of its CPU on short histories.
-    Made per step, they die young.
+    Made per step, they die young. ``message.sources`` must be :class:`loader.rows.Rows` by now
+    (the Ray client fetches them).
     """
 
     def __init__(self, message: RankMessage, *, pin_memory: bool = False) -> None:
@@ -108,12 +109,6 @@ class MessageSteps(Sequence):
                 )
             )
         return out
-
-
-def message_steps(message: RankMessage, *, pin_memory: bool = False) -> MessageSteps:
-    """The K steps of one rank's message, each its M microbatches (:class:`MessageSteps`).
-    ``message.sources`` must be :class:`loader.rows.Rows` by now (the Ray client fetches them)."""
-    return MessageSteps(message, pin_memory=pin_memory)
 
 
 def _ranges(sizes: np.ndarray) -> np.ndarray:

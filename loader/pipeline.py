@@ -236,15 +236,11 @@ class EpochRun:
 
     def _plan(self, batch: Batch) -> PlannedStep:
         lengths, home = batch.lengths, batch.home
-        c = self.config
-        planned_locally = self.layout is not None and c.locality
+        planned_locally = self.layout is not None and self.config.locality
         locality = {"home": home, "rank_node": self.layout.rank_node} if planned_locally else {}
         started = time.perf_counter()
         try:
-            plan = balancer.plan(
-                lengths, ranks=c.ranks, microbatches=c.microbatches, cost_model=c.cost_model,
-                max_tokens=c.max_tokens, equal_count=c.equal_count, method=c.planner, seed=c.seed, **locality,
-            )  # fmt: skip
+            plan = plan_batch(self.config, lengths, **locality)
         except ValueError as exc:
             raise ValueError(f"step {batch.step}: cannot plan its {len(lengths)} samples: {exc}") from exc
         seconds = time.perf_counter() - started
@@ -268,8 +264,14 @@ def warm_up(config: LoaderConfig) -> None:
             lengths.max() <= config.max_tokens and lengths.sum() <= config.max_tokens * bins
         )
         if fits:
-            balancer.plan(
-                lengths, ranks=config.ranks, microbatches=config.microbatches, cost_model=config.cost_model,
-                max_tokens=config.max_tokens, equal_count=config.equal_count, method=config.planner,
-                seed=config.seed,
-            )  # fmt: skip
+            plan_batch(config, lengths)
+
+
+def plan_batch(config: LoaderConfig, lengths: np.ndarray, **locality) -> balancer.Plan:
+    """``balancer.plan`` of one batch's lengths with the loader's planner settings (``locality``:
+    ``home`` and ``rank_node``, for the locality-aware plan)."""
+    return balancer.plan(
+        lengths, ranks=config.ranks, microbatches=config.microbatches, cost_model=config.cost_model,
+        max_tokens=config.max_tokens, equal_count=config.equal_count, method=config.planner, seed=config.seed,
+        **locality,
+    )  # fmt: skip

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import ray
-from ray.exceptions import GetTimeoutError, ObjectLostError, RayActorError
+from ray.exceptions import ObjectLostError, RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from loader.assemble import pack
@@ -155,20 +155,21 @@ def _start(node: str):
 
 
 def _answering(readers: list) -> list:
-    """Those of ``readers`` whose process answers (a warm reader may have died since)."""
+    """Those of ``readers`` whose process answers (a warm reader may have died since); the others
+    are killed."""
     if not readers:
         return []
     pings = [r.pid.remote() for r in readers]
     ready, _ = ray.wait(pings, num_returns=len(pings), timeout=_PING_S)
     out = []
     for reader, ping in zip(readers, pings):
-        if ping in ready:
-            try:
+        try:
+            if ping in ready:
                 ray.get(ping)
                 out.append(reader)
                 continue
-            except (RayActorError, GetTimeoutError):
-                pass
+        except RayActorError:  # died (or is restarting): replaced
+            pass
         try:
             ray.kill(reader)
         except (RayActorError, ValueError):

@@ -13,7 +13,7 @@ import torch
 from balancer import CostModel
 from loader.config import LoaderConfig, fingerprint
 from loader.inline import InlineClient
-from loader.microbatch import Microbatch, message_steps
+from loader.microbatch import MessageSteps, Microbatch
 from loader.pipeline import Resume
 from loader.schema import Columns
 from loader.sources import index_source
@@ -109,7 +109,7 @@ class SequenceLoader:
         try:
             while (messages := stream.next_message()) is not None:
                 with _ASSEMBLY:
-                    built = {r: message_steps(messages[r], pin_memory=self.config.pin_memory) for r in ranks}
+                    built = {r: MessageSteps(messages[r], pin_memory=self.config.pin_memory) for r in ranks}
                 first = messages[ranks[0]]
                 for k, (step, cursor) in enumerate(zip(first.steps.tolist(), first.cursors.tolist())):
                     if per_step:

@@ -10,7 +10,7 @@ import pytest
 from loader.assemble import pack
 from loader.config import LoaderConfig
 from loader.inline import InlineClient
-from loader.microbatch import message_steps
+from loader.microbatch import MessageSteps
 from loader.pipeline import Resume
 from loader.read import read_unit
 from loader.service import RunKey, Service, Where
@@ -78,7 +78,7 @@ def test_steps_equal_inline_whatever_order_reads_finish(index):
         assert messages[0].piece_rows == 0 and messages[1].piece_rows == len(messages[1].source) > 0
         assert sum(len(piece) for piece in messages[1].sources) == len(messages[1].source)
         for rank, message in enumerate(messages):
-            got, want = message_steps(message), message_steps(expected[rank])
+            got, want = MessageSteps(message), MessageSteps(expected[rank])
             assert [[record(mb) for mb in step] for step in got] == [[record(mb) for mb in step] for step in want]
     assert inline.next_message() is None and len(steps) == 16
     client.close()
