@@ -34,7 +34,7 @@ browser:
 bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
 	$(BIN)/python bench/balance.py --certify 30
-	$(BIN)/python bench/loader.py
+	$(BIN)/python bench/ingest.py
 
 clean:
 	rm -rf $(VENV) .cache build *.egg-info

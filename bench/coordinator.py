@@ -73,31 +73,24 @@ import gc
 import math
 import os
 import pickle
-import sys
 import time
 from pathlib import Path
 
-# `python bench/coordinator.py` puts bench/ first on sys.path, where bench/loader.py would shadow the `loader`
-# package. Drop it: the repository root (cwd, or the editable install) serves.
-_HERE = os.path.dirname(os.path.realpath(__file__))
-REPO = Path(_HERE).parent
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from balancer.workloads import sample_lengths
+from freescale.provenance import emit, git_provenance, machine
+from loader.clean import UnitMeta
+from loader.config import LoaderConfig
+from loader.pipeline import warm_up
+from loader.schema import Columns
+from loader.service import MESSAGE_BYTES, RunKey, Service, Where
+from loader.sources import DataFile, SourceIndex, Unit
+
+REPO = Path(__file__).resolve().parent.parent
 PATHS = ["loader", "balancer", "bench/coordinator.py"]  # the code whose provenance the result records
-sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.curdir) != _HERE]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-import numpy as np  # noqa: E402
-import pyarrow as pa  # noqa: E402
-import pyarrow.fs as pafs  # noqa: E402
-
-from balancer.workloads import sample_lengths  # noqa: E402
-from freescale.provenance import emit, git_provenance, machine  # noqa: E402
-from loader.clean import UnitMeta  # noqa: E402
-from loader.config import LoaderConfig  # noqa: E402
-from loader.pipeline import warm_up  # noqa: E402
-from loader.schema import Columns  # noqa: E402
-from loader.service import MESSAGE_BYTES, RunKey, Service, Where  # noqa: E402
-from loader.sources import DataFile, SourceIndex, Unit  # noqa: E402
 
 SHAPES = {"long": 300.0, "short": 15.0}  # lognormal median; sigma 1.2
 DEFAULT_STEPS = {"long": 1000, "short": 2000}  # short: messages hold ~200 steps, so a run needs several of them

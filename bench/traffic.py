@@ -29,7 +29,7 @@ Contenders, one pass each per layout:
 - ``default``: the same with no ``locality`` keyword (the loader's default; for loaders without the keyword).
 - ``raydata``: ``ray.data.read_parquet(data).select_columns(...).streaming_split(R, equal=True,
   locality_hints=[node id of each rank])``; one consumer actor per rank pinned to its node (as Ray Train places
-  its workers), iterating ``iter_torch_batches(batch_size=G // R, collate_fn=bench/loader.py's make_collate)``;
+  its workers), iterating ``iter_torch_batches(batch_size=G // R, collate_fn=bench/ingest.py's make_collate)``;
   started by one driver process in the head's namespace.
 
 Measured per pass: the link's bytes (rx + tx of the head's end of the veth, so a byte crossing once counts
@@ -56,11 +56,8 @@ import time
 import uuid
 from pathlib import Path
 
-# `python bench/traffic.py` puts bench/ first on sys.path, where bench/loader.py would shadow the `loader` package.
-_HERE = os.path.dirname(os.path.realpath(__file__))
-REPO = Path(_HERE).parent
-sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.curdir) != _HERE]
-if str(REPO) not in sys.path:  # tests/deploy/netns.py and bench/loader.py are imported from the repository
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:  # tests/deploy/netns.py and bench/ingest.py are imported from the repository
     sys.path.insert(0, str(REPO))
 
 import numpy as np  # noqa: E402
@@ -100,7 +97,7 @@ def dataset(root: Path, *, rows: int, max_len: int, files: int, rows_per_group: 
 
 def event_columns(path: str) -> list[str]:
     """The list columns every contender delivers (item ids first)."""
-    from bench.loader import dataset_columns
+    from bench.ingest import dataset_columns
 
     return dataset_columns(path, "all")[1:]
 
@@ -171,7 +168,7 @@ def raydata_main(spec: dict) -> None:
     @ray.remote(num_cpus=0)
     class Consumer:
         def drain(self, split, batch_size: int, columns: list[str]) -> dict:
-            from bench.loader import make_collate
+            from bench.ingest import make_collate
 
             users, event_bytes, batches = [], 0, 0
             for batch in split.iter_torch_batches(batch_size=batch_size, collate_fn=make_collate(columns)):

@@ -4,8 +4,8 @@ All four read the same Parquet data in one run, on long and on short histories.
 
 Run (from the repository root, on a quiet machine; the synthetic sets are written on the first run and cached):
 
-    NUMBA_CACHE_DIR=/tmp/numba-cache RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 .venv/bin/python bench/loader.py \\
-        --json-out /tmp/bench_loader.json | tee /tmp/bench_loader.txt
+    NUMBA_CACHE_DIR=/tmp/numba-cache RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 .venv/bin/python bench/ingest.py \\
+        --json-out /tmp/bench_ingest.json | tee /tmp/bench_ingest.txt
 
 ``--quick`` (10,000 long and 50,000 short rows, one timed pass, no wait for a quiet machine) is for checking the
 bench, not for figures; ``--long-rows``, ``--short-rows``, ``--datasets``, ``--contenders`` narrow it further.
@@ -87,11 +87,6 @@ import threading
 import time
 import warnings
 from pathlib import Path
-
-# `python bench/loader.py` puts bench/ first on sys.path, where this file would shadow the `loader` package (and
-# Ray would hand that path to its workers). Drop it: the repository root (cwd, or the editable install) serves.
-_HERE = os.path.dirname(os.path.realpath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.curdir) != _HERE]
 
 import numpy as np
 import pyarrow as pa
@@ -698,10 +693,10 @@ def main(argv=None) -> dict:
 
     import ray
 
-    prov = git_provenance(REPO, ["loader", "balancer", "bench/loader.py"])
+    prov = git_provenance(REPO, ["loader", "balancer", "bench/ingest.py"])
     have_ours, why_not = ours_available()
     sizes = ", ".join(f"{name} {args.rows[name]:,} rows" for name in SHAPES if name in args.datasets)
-    print(f"bench/loader.py: commit {prov['commit']}"
+    print(f"bench/ingest.py: commit {prov['commit']}"
           f"{' (loader/balancer/bench changed or untracked files)' if prov['dirty'] else ''}; R={args.ranks} "
           f"M={args.microbatches} G={args.samples_per_step}; num_cpus={args.num_cpus}; columns={args.columns}; "
           f"{sizes}{'; QUICK (sizes for checking the bench, not the targets)' if args.quick else ''}", flush=True)

@@ -1,4 +1,4 @@
-"""``bench/loader.py``: its argument checks, and one end-to-end run at tiny sizes (every contender on both shapes,
+"""``bench/ingest.py``: its argument checks, and one end-to-end run at tiny sizes (every contender on both shapes,
 a local Ray of its own, started and shut down by the script)."""
 
 import importlib.util
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).parents[2] / "bench" / "loader.py"
-_spec = importlib.util.spec_from_file_location("bench_loader", SCRIPT)
-bench_loader = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench_loader)
+SCRIPT = Path(__file__).parents[2] / "bench" / "ingest.py"
+_spec = importlib.util.spec_from_file_location("bench_ingest", SCRIPT)
+bench_ingest = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench_ingest)
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -26,14 +26,14 @@ _spec.loader.exec_module(bench_loader)
 ])
 def test_bad_arguments_name_the_value(argv, message, capsys):
     with pytest.raises(SystemExit):
-        bench_loader.parse_args(argv)
+        bench_ingest.parse_args(argv)
     assert message in capsys.readouterr().err
 
 
 def test_quick_defaults():
-    args = bench_loader.parse_args(["--quick", "--short-rows", "50"])
+    args = bench_ingest.parse_args(["--quick", "--short-rows", "50"])
     assert args.rows == {"long": 10_000, "short": 50} and args.repeats == 1 and args.quiet_wait == 0
-    args = bench_loader.parse_args([])
+    args = bench_ingest.parse_args([])
     assert args.rows == {"long": 120_000, "short": 1_500_000} and args.repeats == 2 and args.datasets == ["long", "short"]
 
 
@@ -55,7 +55,7 @@ def test_end_to_end_tiny(tmp_path):
     assert [d["name"] for d in result["datasets"]] == ["long", "short"]
     assert [d["params"]["median"] for d in result["datasets"]] == [400, 15]
     got = {(r["dataset"], r["contender"]): r for r in result["rows"]}
-    assert set(got) == {(d, c) for d in ("long", "short") for c in bench_loader.CONTENDERS}
+    assert set(got) == {(d, c) for d in ("long", "short") for c in bench_ingest.CONTENDERS}
     for (dataset, contender), row in got.items():
         assert row["available"] and row["error"] is None and row["complete"], (dataset, contender, row)
         # CPU comes in 10 ms clock ticks: a tiny pass on warm readers can take none
