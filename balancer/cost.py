@@ -10,10 +10,8 @@ sorts them by cost, which the planners rely on.
 from __future__ import annotations
 
 import itertools
-import json
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -135,16 +133,6 @@ class CostModel:
         if missing:
             raise ValueError(f"cost model is missing {sorted(missing)}")
         return cls(**data)
-
-    def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-
-    @classmethod
-    def load(cls, path: str | Path) -> "CostModel":
-        try:
-            return cls.from_dict(json.loads(Path(path).read_text()))
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: not a JSON cost model ({exc})") from exc
 
 
 DEFAULT_COST_MODEL = CostModel(quadratic=1.0, linear=0.0)

@@ -37,7 +37,7 @@ import numpy as np
 
 import balancer
 from balancer.metrics import balance_metrics
-from balancer.workloads import sample_lengths
+from analysis.workloads import sample_lengths
 from freescale.provenance import git_provenance
 
 REPO = Path(__file__).resolve().parents[1]

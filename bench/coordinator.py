@@ -19,7 +19,7 @@ what Ray does around it:
   (``--no-locality``: ``locality=False``, the same homes and reads, a plan that ignores them, so most rows
   come as pieces from other nodes).
 
-Lengths: ``balancer.workloads.sample_lengths("lognormal", median=..., sigma 1.2, max_len=21000)``, the
+Lengths: ``analysis.workloads.sample_lengths("lognormal", median=..., sigma 1.2, max_len=21000)``, the
 generator of ``freescale synth``. ``--shape long``: median 300, mean ~615 events (the histories the doc's
 projection assumes); ``--shape short``: median 15 (mean ~31). ``--median`` overrides; ``--max-seq-len`` truncates
 (lengths and cuts as readers report them; default none, as the projection). Untruncated, a long step's costliest
@@ -80,7 +80,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from balancer.workloads import sample_lengths
+from analysis.workloads import sample_lengths
 from freescale.provenance import emit, git_provenance, machine
 from loader.clean import UnitMeta
 from loader.config import LoaderConfig

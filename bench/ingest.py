@@ -11,7 +11,7 @@ Run (from the repository root, on a quiet machine; the synthetic sets are writte
 bench, not for figures; ``--long-rows``, ``--short-rows``, ``--datasets``, ``--contenders`` narrow it further.
 
 Datasets, in the data contract (design §3), read by every contender; the synthetic ones are written with
-``loader.synth.write_synthetic(users=N, lengths="lognormal", median=..., max_len=21000, seed=--seed)`` (log-scale sigma
+``analysis.synth.write_synthetic(users=N, lengths="lognormal", median=..., max_len=21000, seed=--seed)`` (log-scale sigma
 1.2) and cached under ``--data-dir`` (default ``out/bench-data/``, git-ignored) while their parameters match:
 
 - ``long``: ``--long-rows`` (default 120,000) histories of median 400 events, heavy tail (~820 per row on average).
@@ -116,7 +116,7 @@ warnings.filterwarnings("ignore", message="The given NumPy array is not writable
 
 def synth_dataset(name: str, rows: int, root: Path, *, seed: int = 0) -> dict:
     """Lognormal histories of shape ``name`` (``SHAPES``) under ``root``; written once, reused while params match."""
-    from loader.synth import write_synthetic
+    from analysis.synth import write_synthetic
 
     median = SHAPES[name][0]
     params = {"users": rows, "lengths": "lognormal", "median": median, "max_len": MAX_LEN, "seed": seed}

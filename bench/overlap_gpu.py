@@ -78,7 +78,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from balancer.workloads import sample_lengths
+from analysis.workloads import sample_lengths
 from freescale.provenance import emit
 
 REPO = Path(__file__).resolve().parents[1]

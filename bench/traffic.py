@@ -10,7 +10,7 @@ Cluster: ``tests/deploy/netns.py``'s two network namespaces joined by a veth pai
 `ray start --address` in the other (``--num-cpus`` CPUs each), as tests/deploy builds it. This process only
 drives: every trainer and Ray Data process runs inside a namespace (``ip netns exec``).
 
-Data: ``loader.synth.write_synthetic(users=--rows, lengths="lognormal", max_len=--max-len, seed=--seed,
+Data: ``analysis.synth.write_synthetic(users=--rows, lengths="lognormal", max_len=--max-len, seed=--seed,
 files=--files, rows_per_group=--rows-per-group)`` (median 300 events), cached under ``out/bench-data/`` and
 read by both nodes from this machine's filesystem. Event columns: item ids, timestamps, ratings.
 
@@ -80,7 +80,7 @@ PLAN_KEYS = ("crossing", "lower_bound", "max_over")
 def dataset(root: Path, *, rows: int, max_len: int, files: int, rows_per_group: int, seed: int = 0) -> dict:
     """The synthetic set under ``root``, written once and reused while its parameters match: path, rows,
     events and the sorted user ids."""
-    from loader.synth import write_synthetic
+    from analysis.synth import write_synthetic
 
     params = {"users": rows, "lengths": "lognormal", "max_len": max_len, "seed": seed, "files": files,
               "rows_per_group": rows_per_group}

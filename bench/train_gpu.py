@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 import balancer
 from balancer.metrics import lockstep_bubble
-from balancer.workloads import sample_lengths
+from analysis.workloads import sample_lengths
 from freescale.provenance import emit
 from trainer.attention import jagged_attention
 from trainer.loss import sampled_softmax_loss

@@ -13,7 +13,7 @@ import sys
 
 from freescale import __version__
 
-COMMAND_MODULES = ("loader.cli", "freescale.planning", "freescale.demo", "freescale.report", "trainer.cli", "freescale.simulate")
+COMMAND_MODULES = ("freescale.datasets", "freescale.planning", "freescale.demo", "freescale.report", "trainer.cli", "freescale.simulate")
 
 
 def build_parser() -> argparse.ArgumentParser:

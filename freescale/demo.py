@@ -27,7 +27,7 @@ def register(sub) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from balancer import CostModel
+    from analysis.costfile import load_cost_model
     from loader.config import LoaderConfig
     from loader.convert import convert_events
     from loader.lengths import epoch_lengths
@@ -39,7 +39,7 @@ def _run(args: argparse.Namespace) -> int:
                                  time_col="timestamp", feature_cols=("rating",), overwrite=True)
         print(f"converted {summary['rows_read']} MovieLens ratings into {summary['users']} histories "
               f"({summary['files']} files) at {out}")
-        cost_model = CostModel.load(args.cost_model) if args.cost_model else None
+        cost_model = load_cost_model(args.cost_model) if args.cost_model else None
         epoch = epoch_lengths(out, LoaderConfig(backend="inline", **loader_arguments(args, cost_model)))
         print(f"planning the loader's {len(epoch.steps)} steps of {args.samples_per_step} histories onto "
               f"{args.ranks} ranks x {args.microbatches} microbatches (cost = L^2)")
@@ -53,10 +53,11 @@ def _ingest(data: Path, rows: int, args: argparse.Namespace) -> None:
     import ray
     from tqdm import tqdm
 
+    from analysis.costfile import load_cost_model
     from balancer import DEFAULT_COST_MODEL, CostModel, balance_metrics
     from loader import SequenceLoader
 
-    cost_model = CostModel.load(args.cost_model) if args.cost_model else None
+    cost_model = load_cost_model(args.cost_model) if args.cost_model else None
     cost = cost_model or DEFAULT_COST_MODEL
     started_ray = not ray.is_initialized()
     print(f"\ningesting on a local Ray: readers -> coordinator (balanced plan) -> {args.ranks} rank queues")

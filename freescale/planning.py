@@ -12,6 +12,7 @@ import argparse
 import json
 import sys
 
+from analysis.costfile import load_cost_model
 from analysis.evaluate import evaluate_epoch
 from balancer import CostModel, available_methods
 
@@ -63,7 +64,7 @@ def bar(desc: str, unit: str):
 
 def evaluate_args(steps, args: argparse.Namespace) -> dict[str, dict]:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    cost_model = CostModel.load(args.cost_model) if args.cost_model else None
+    cost_model = load_cost_model(args.cost_model) if args.cost_model else None
     return evaluate_epoch(
         steps, ranks=args.ranks, microbatches=args.microbatches, methods=methods, cost_model=cost_model,
         max_tokens=args.max_tokens, equal_count=args.equal_count, seed=args.seed,
@@ -99,7 +100,7 @@ def _run(args: argparse.Namespace) -> int:
     from loader.config import LoaderConfig
     from loader.lengths import epoch_lengths
 
-    cost_model = CostModel.load(args.cost_model) if args.cost_model else None
+    cost_model = load_cost_model(args.cost_model) if args.cost_model else None
     config = LoaderConfig(backend="inline", **loader_arguments(args, cost_model))
     epoch = epoch_lengths(args.data, config, progress=bar("reading row groups", "block"))
     print(describe(args.data, epoch, args))

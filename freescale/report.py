@@ -15,6 +15,7 @@ import math
 import sys
 from pathlib import Path
 
+from analysis.costfile import load_cost_model
 from balancer import CostModel
 from freescale.planning import add_plan_flags
 
@@ -30,24 +31,6 @@ def register(sub) -> None:
     p.add_argument("--out", required=True, help="directory to write report.html and report.json into")
     p.epilog = "kk is pure Python: about 0.1 s per step of 1024 samples; leave it out of --methods on big data."
     p.set_defaults(func=_run)
-
-
-def load_cost_model(path: str | Path) -> CostModel:
-    """``CostModel`` from a JSON file ``{"quadratic": q, "linear": l, "constant": c}``; errors name the file."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: cost-model file not found; write one with CostModel.save")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not a JSON cost model ({exc})") from exc
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: a cost model is a JSON object with quadratic, linear, constant; "
-                         f"got {type(data).__name__}")
-    try:
-        return CostModel.from_dict(data)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{path}: {exc}") from exc
 
 
 def calibration(args: argparse.Namespace) -> tuple[CostModel | None, float | None]:

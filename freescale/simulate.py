@@ -29,7 +29,7 @@ def register(sub) -> None:
     size.add_argument("--samples-per-step", type=int, help="global batch size (the same at every rank count)")
     size.add_argument("--samples-per-rank", type=int, default=32,
                       help="global batch = this x ranks (weak scaling; default: 32)")
-    p.add_argument("--lengths", default="lognormal", help="length distribution (balancer.workloads; default lognormal)")
+    p.add_argument("--lengths", default="lognormal", help="length distribution (analysis.workloads; default lognormal)")
     p.add_argument("--max-len", type=int, default=4096, help="longest history (default: 4096)")
     p.add_argument("--cost-model", help="JSON cost model used to plan and, without --calibrate, to time bins "
                                         "(default: a 4-layer d=256 HSTU FLOP count)")
@@ -83,7 +83,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def step_lengths(distribution: str, per_step: int, steps: int, *, max_len: int, seed: int) -> list[np.ndarray]:
     """``steps`` global batches of ``per_step`` lengths, one seeded draw cut into steps."""
-    from balancer.workloads import sample_lengths
+    from analysis.workloads import sample_lengths
 
     if per_step < 1:
         raise ValueError(f"samples per step must be >= 1, got {per_step}")
@@ -96,7 +96,7 @@ def build_timing(args: argparse.Namespace):
     from analysis.simulate import Timing, calibrate, load_records, reproduce
     from balancer import CostModel
     from balancer.cost import DEFAULT_COST_MODEL
-    from freescale.report import load_cost_model
+    from analysis.costfile import load_cost_model
 
     for name in ("sm_contention", "ce_contention"):
         if not 0.0 <= getattr(args, name) < 10.0:

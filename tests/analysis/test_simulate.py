@@ -11,7 +11,7 @@ import pytest
 from analysis.simulate import (Timing, calibrate, load_records, measured_bubble, recorded_bins, reproduce,
                                run_scenarios, simulate)
 from balancer.cost import CostModel
-from balancer.workloads import sample_lengths
+from analysis.workloads import sample_lengths
 from freescale.cli import main
 
 
@@ -161,7 +161,7 @@ def test_calibrated_simulation_predicts_another_runs_bubble_within_10_percent(tm
     10% (docs/simulator.md); wall-clock measurement stays noisy, so up to 3 pairs are measured: every one must
     come within 25% (a wrong model fails every time) and one within 10%.
     """
-    from loader.synth import write_synthetic
+    from analysis.synth import write_synthetic
 
     write_synthetic(tmp_path / "data", users=600, max_len=MAX_LEN, items=500, seed=3, files=2)
     expected = replayed_bins(tmp_path / "data", "naive", STEPS)

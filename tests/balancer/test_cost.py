@@ -51,12 +51,3 @@ def test_fit_keeps_coefficients_non_negative():
     assert fitted.quadratic == 0 and fitted.linear == 0 and fitted.constant > 0
     with pytest.raises(ValueError, match="one time per microbatch"):
         CostModel.fit([[1]], [1.0, 2.0])
-
-
-def test_json_round_trip(tmp_path):
-    model = CostModel(quadratic=1.5, linear=2.0, constant=0.5)
-    model.save(tmp_path / "cost.json")
-    assert CostModel.load(tmp_path / "cost.json") == model
-    (tmp_path / "bad.json").write_text('{"quadratic": 1, "linear": 1, "bogus": 2}')
-    with pytest.raises(ValueError, match="unknown cost-model keys"):
-        CostModel.load(tmp_path / "bad.json")

@@ -11,7 +11,7 @@ from balancer import CostModel, plan
 from balancer import locality as Loc
 from balancer.colfill import column_fill_grouped, column_fill_grouped_ref
 from balancer.kernels import order_by_length_desc
-from balancer.workloads import sample_lengths
+from analysis.workloads import sample_lengths
 
 COST = CostModel(quadratic=1.0, linear=8.0, constant=1.0)
 TOLERANCE = 1.0 + Loc.LOCALITY_TOLERANCE

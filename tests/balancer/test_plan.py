@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 import balancer
 from balancer import CostModel, plan
-from balancer.workloads import sample_lengths
+from analysis.workloads import sample_lengths
 
 METHODS = ("balanced", "naive", "zigzag", "kk", "lpt")
 
@@ -108,7 +108,7 @@ def test_balanced_never_worse_than_lpt(problem):
 
 
 def test_balanced_reaches_the_bound_on_many_samples():
-    lengths = balancer.workloads.sample_lengths("lognormal", 8 * 4 * 64, max_len=21000, seed=5)
+    lengths = sample_lengths("lognormal", 8 * 4 * 64, max_len=21000, seed=5)
     for equal_count in (False, True):
         p = plan(lengths, ranks=8, microbatches=4, equal_count=equal_count)
         assert p.metrics["max_over_lower_bound"] <= 1.001
@@ -145,7 +145,7 @@ def test_fewer_samples_than_bins_and_empty_batch():
 
 
 def test_microbatches_ordered_heaviest_first():
-    lengths = balancer.workloads.sample_lengths("bimodal", 300, max_len=21000, seed=2)
+    lengths = sample_lengths("bimodal", 300, max_len=21000, seed=2)
     p = plan(lengths, ranks=4, microbatches=3)
     assert np.all(np.diff(p.loads, axis=1) <= 0)
 

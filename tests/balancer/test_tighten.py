@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from balancer import tighten as T
 from balancer.lpt import flat_lpt_bins
 from balancer.registry import Problem
-from balancer.workloads import sample_lengths
+from analysis.workloads import sample_lengths
 
 
 def _start(data):

@@ -131,7 +131,7 @@ def test_train_with_the_ce_transport_equals_nccl(cuda_cache, tmp_path):
     2; prefetch on, so both the main and the prefetch exchange go through the copy engines)."""
     import numpy as np
 
-    from loader.synth import write_synthetic
+    from analysis.synth import write_synthetic
     from tests.trainer.test_train import SMALL
     from trainer.train import TrainConfig, train
 

@@ -181,7 +181,7 @@ def test_readme_cites_the_docs_and_walks_through_every_piece():
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_two_node_cluster_trains_and_delivers_every_row_once(two_nodes, tmp_path):
-    from loader.synth import write_synthetic
+    from analysis.synth import write_synthetic
     import pyarrow.parquet as pq
 
     data = tmp_path / "data"

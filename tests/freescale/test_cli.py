@@ -7,7 +7,7 @@ import pytest
 from freescale.cli import main
 from loader.config import LoaderConfig
 from loader.lengths import epoch_lengths
-from loader.synth import write_synthetic
+from analysis.synth import write_synthetic
 
 
 def test_plan_prints_every_method(tmp_path, capsys):

@@ -10,11 +10,12 @@ import zlib
 import numpy as np
 import pytest
 
+from analysis.costfile import save_cost_model
 from balancer import CostModel, DEFAULT_COST_MODEL, plan
 from freescale.cli import main
 from loader.config import LoaderConfig
 from loader.lengths import epoch_lengths
-from loader.synth import write_synthetic
+from analysis.synth import write_synthetic
 
 R, M, G = 4, 2, 128
 METHODS = ("balanced", "naive", "zigzag", "kk", "lpt")
@@ -69,7 +70,7 @@ def test_json_matches_direct_recomputation(data, tmp_path):
 
 def test_cost_model_file_is_in_seconds(data, tmp_path):
     model = CostModel(quadratic=1e-9, linear=1e-6, constant=1e-4)
-    model.save(tmp_path / "cost.json")
+    save_cost_model(model, tmp_path / "cost.json")
     report, page = _report(data, tmp_path / "a", "--cost-model", str(tmp_path / "cost.json"), "--methods",
                            "balanced,naive")
     assert report["config"]["seconds_per_cost"] == 1.0 and report["config"]["cost_model"]["linear"] == 1e-6

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from loader import SequenceLoader
-from loader.synth import write_synthetic
+from analysis.synth import write_synthetic
 
 ROOT = Path(__file__).resolve().parents[2]
 

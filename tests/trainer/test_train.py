@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from loader.synth import write_synthetic
+from analysis.synth import write_synthetic
 from trainer.train import TrainConfig, train
 
 SMALL = dict(nproc=2, microbatches=2, samples_per_step=24, d_model=16, num_layers=1, num_heads=2, max_len=32,

@@ -1,6 +1,6 @@
 """``freescale synth``: a synthetic dataset in the data contract, at any scale, deterministic per seed.
 
-History lengths come from :func:`balancer.workloads.sample_lengths` (user ``u`` has length
+History lengths come from :func:`analysis.workloads.sample_lengths` (user ``u`` has length
 ``sample_lengths(...)[u]``). Item ids follow a bounded Zipf popularity (P(rank k) ∝ 1/k^s) over
 ``items`` ids ``1..items`` (0 stays free for padding), with ranks mapped through a seeded
 permutation so popular ids are spread over the id range. Timestamps strictly increase per user;
@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from balancer.workloads import DISTRIBUTIONS, sample_lengths
+from analysis.workloads import DISTRIBUTIONS, sample_lengths
 from loader import layout
 from loader.schema import contract_schema, list_array
 

@@ -4,9 +4,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from balancer.workloads import sample_lengths
+from analysis.workloads import sample_lengths
 from loader.schema import validate_schema
-from loader.synth import _alias_table, _ZipfSampler, uniforms, write_synthetic
+from analysis.synth import _alias_table, _ZipfSampler, uniforms, write_synthetic
 
 USERS = 5000
 

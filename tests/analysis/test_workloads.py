@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from balancer.workloads import DISTRIBUTIONS, sample_lengths
+from analysis.workloads import DISTRIBUTIONS, sample_lengths
 
 
 @pytest.mark.parametrize("dist", DISTRIBUTIONS)

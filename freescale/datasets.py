@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from balancer.workloads import DISTRIBUTIONS
+from analysis.workloads import DISTRIBUTIONS
 
 
 def register(sub) -> None:
@@ -71,7 +71,7 @@ def _add_layout_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _synth(args: argparse.Namespace) -> int:
-    from loader.synth import write_synthetic
+    from analysis.synth import write_synthetic
 
     s = write_synthetic(
         args.out,
