@@ -1,5 +1,6 @@
-"""Error-bounded lossy compression of embedding payloads (SC'24 DLRM all-to-all compression), and an `Exchange`
-that sends float rows compressed.
+"""Error-bounded lossy compression of embedding payloads (SC'24 DLRM all-to-all compression): the codec, its
+torch reference and its CUDA path (compress.cu through `cuda_ext.bindings`). The exchange that sends rows
+compressed is a transport of the trainer (`trainer.transport.compressed`).
 
 Per row of x (rows, d) (float32, bfloat16 or float16; arithmetic in float32), with lo, hi its min and max:
 
@@ -28,17 +29,15 @@ Payload: one flat uint8 tensor, a multiple of ALIGN bytes, that can travel throu
 """
 from __future__ import annotations
 
-import ctypes
 import itertools
 import math
 import struct
 from dataclasses import dataclass
-from typing import Mapping
 
 import torch
 from torch import Tensor
 
-from trainer.exchange import Exchange
+from cuda_ext import bindings
 
 MAGIC = b"FSEB"
 VERSION = 1
@@ -142,25 +141,8 @@ def decode_rows_reference(lo: Tensor, step: Tensor, packed: Tensor, bits: int, c
     return _reconstruct(lo, step, unpack_codes(packed, bits, cols).float(), dtype)
 
 
-def _check_cuda(code: int, what: str) -> None:
-    if code != 0:
-        raise RuntimeError(f"{what} failed with cudaError_t {code}; see cuda_ext/compress.cu")
-
-
-def _library() -> ctypes.CDLL:
-    from cuda_ext import build  # compiles compress.cu (and the other sources) on first use
-
-    lib = build.load()
-    ptr, i64 = ctypes.c_void_p, ctypes.c_longlong
-    lib.fs_eb_encode.argtypes = [ptr, ctypes.c_int, i64, i64, ctypes.c_float, ctypes.c_double, ctypes.c_int,
-                                 ptr, ptr, ptr, i64, ptr, ptr]
-    lib.fs_eb_decode.argtypes = [ptr, ptr, ptr, i64, i64, i64, ctypes.c_int, ctypes.c_int, ptr, ptr]
-    lib.fs_eb_encode.restype = lib.fs_eb_decode.restype = ctypes.c_int
-    return lib
-
-
-def _stream(device: torch.device) -> ctypes.c_void_p:
-    return ctypes.c_void_p(torch.cuda.current_stream(device).cuda_stream)
+def _stream(device: torch.device) -> int:
+    return torch.cuda.current_stream(device).cuda_stream
 
 
 def encode_rows_cuda(x: Tensor, eb: float, bits: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -172,9 +154,8 @@ def encode_rows_cuda(x: Tensor, eb: float, bits: int) -> tuple[Tensor, Tensor, T
     step = torch.empty_like(lo)
     packed = torch.empty((rows, row_bytes), dtype=torch.uint8, device=x.device)
     status = torch.empty(rows, dtype=torch.uint8, device=x.device)
-    _check_cuda(_library().fs_eb_encode(x.data_ptr(), _dtype_code(x), rows, cols, _step_factor(bits).item(), eb,
-                                        bits, lo.data_ptr(), step.data_ptr(), packed.data_ptr(), row_bytes,
-                                        status.data_ptr(), _stream(x.device)), "fs_eb_encode")
+    bindings.eb_encode(x.data_ptr(), _dtype_code(x), rows, cols, _step_factor(bits).item(), eb, bits, lo.data_ptr(),
+                       step.data_ptr(), packed.data_ptr(), row_bytes, status.data_ptr(), _stream(x.device))
     return lo, step, packed, status
 
 
@@ -182,9 +163,8 @@ def decode_rows_cuda(lo: Tensor, step: Tensor, packed: Tensor, bits: int, cols: 
     """decode_rows_reference on CUDA tensors with compress.cu's kernel."""
     lo, step, packed = lo.contiguous(), step.contiguous(), packed.contiguous()
     out = torch.empty((lo.shape[0], cols), dtype=dtype, device=lo.device)
-    _check_cuda(_library().fs_eb_decode(lo.data_ptr(), step.data_ptr(), packed.data_ptr(), lo.shape[0], cols,
-                                        packed.shape[1], bits, DTYPES.index(dtype), out.data_ptr(),
-                                        _stream(lo.device)), "fs_eb_decode")
+    bindings.eb_decode(lo.data_ptr(), step.data_ptr(), packed.data_ptr(), lo.shape[0], cols, packed.shape[1], bits,
+                       DTYPES.index(dtype), out.data_ptr(), _stream(lo.device))
     return out
 
 
@@ -304,82 +284,3 @@ def ratio_vs_bf16(payload: Tensor) -> float:
     """bf16 bytes of the rows the payload holds / its bytes (> 1: smaller than sending bfloat16; 0 rows: inf)."""
     h = read_header(payload)
     return h.rows * h.cols * 2 / payload.numel()
-
-
-# ---- per-table bounds and the iteration-wise schedule -------------------------------------------------------
-
-@dataclass(frozen=True)
-class ErrorBoundSchedule:
-    """eb(step): start_factor * base_eb at step 0, decaying geometrically (log-linear) to base_eb at
-    decay_steps, base_eb after. Loose early (when embeddings move fast), tight later."""
-
-    base_eb: float
-    start_factor: float = 2.0
-    decay_steps: int = 1000
-
-    def __post_init__(self):
-        code_bits(self.base_eb)
-        if not self.start_factor >= 1.0 or self.decay_steps < 0:
-            raise ValueError(f"start_factor={self.start_factor} must be >= 1 and decay_steps={self.decay_steps} "
-                             f">= 0 (the schedule starts at start_factor * base_eb and decays to base_eb)")
-        code_bits(min(0.5, self.base_eb * self.start_factor))
-
-    def __call__(self, step: int) -> float:
-        if step < 0:
-            raise ValueError(f"step={step} must be >= 0")
-        if step >= self.decay_steps:
-            return self.base_eb
-        return min(0.5, self.base_eb * self.start_factor ** (1.0 - step / self.decay_steps))
-
-
-# ---- the exchange ----------------------------------------------------------------------------------------
-
-class CompressedExchange:
-    """An `Exchange` that sends 2-D float payloads compressed with bound schedule(step) and everything else
-    (ids, counts, flags) through `inner` untouched.
-
-    Float payload on rank r: each destination's rows (send_counts[j] of them) compress to their own payload;
-    the byte sizes go first (one int64 per peer), then the bytes, through `inner`; each received payload
-    decompresses to recv_counts[j] rows. Rows come back with the sender's dtype, within eb * row range.
-    """
-
-    def __init__(self, inner: Exchange, schedule: ErrorBoundSchedule, *, step: int = 0):
-        self.inner, self.schedule = inner, schedule
-        self.rank, self.world_size = inner.rank, inner.world_size
-        self.set_step(step)
-
-    def set_step(self, step: int) -> None:
-        """Use schedule(step) from now on."""
-        self.eb = self.schedule(step)
-        self._step = step
-
-    def step(self) -> None:
-        """Advance the schedule by one iteration."""
-        self.set_step(self._step + 1)
-
-    def exchange_counts(self, send_counts: list[int]) -> list[int]:
-        return self.inner.exchange_counts(send_counts)
-
-    def all_to_all(self, send: Tensor, send_counts: list[int], recv_counts: list[int]) -> Tensor:
-        if send.dim() != 2 or send.dtype not in DTYPES:
-            return self.inner.all_to_all(send, send_counts, recv_counts)
-        if send.shape[0] != sum(send_counts) or len(send_counts) != self.world_size:
-            raise ValueError(f"send has {send.shape[0]} rows but send_counts {list(send_counts)} sum to "
-                             f"{sum(send_counts)} over {len(send_counts)} ranks (world {self.world_size}); "
-                             f"give one count per rank that split dim 0 of send exactly")
-        payloads = [compress(segment, self.eb) for segment in send.split(list(send_counts))]
-        sizes = torch.tensor([p.numel() for p in payloads], dtype=torch.int64, device=send.device)  # (W,)
-        ones = [1] * self.world_size
-        recv_sizes = self.inner.all_to_all(sizes, ones, ones).tolist()  # (W,)
-        received = self.inner.all_to_all(torch.cat(payloads), [p.numel() for p in payloads], recv_sizes)
-        rows = [decompress(p) for p in received.split(recv_sizes)]
-        for j, (got, want) in enumerate(zip(rows, recv_counts)):
-            if got.shape[0] != want:
-                raise ValueError(f"rank {j} sent {got.shape[0]} compressed rows but recv_counts[{j}] is {want}; "
-                                 f"recv_counts must come from exchange_counts(send_counts)")
-        return torch.cat(rows)
-
-
-def compressed_exchanges(inner: Exchange, schedules: Mapping[str, ErrorBoundSchedule]) -> dict[str, CompressedExchange]:
-    """One CompressedExchange per table name, each with its own bound schedule, all over `inner`."""
-    return {name: CompressedExchange(inner, schedule) for name, schedule in schedules.items()}

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 from torch.profiler import record_function
 
-from trainer.exchange import Exchange
+from trainer.transport.base import Exchange
 
 INIT_CHUNK_ROWS = 65536  # rows per seeded init chunk: part of the table's definition, never change
 

@@ -19,31 +19,12 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Sequence, TypeVar
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
 from trainer.embedding import Fetch, ShardedEmbedding
-from trainer.exchange import Exchange, make_exchange
+from trainer.transport.base import Exchange
 
 MB = TypeVar("MB")
-
-
-def make_prefetch_exchange(transport: str) -> Exchange:
-    """A new process group for the prefetch thread, wrapped in `transport`'s exchange.
-
-    A collective: every rank calls it, in the same order relative to its other `new_group` calls.
-    """
-    if transport == "ce":  # copies on a high-priority stream; handles and barriers over a CPU (gloo) group
-        from cuda_ext.ce import CopyEngineExchange
-
-        return CopyEngineExchange(dist.new_group(backend="gloo"), priority=-1)
-    if transport == "nccl" and hasattr(dist, "ProcessGroupNCCL"):
-        options = dist.ProcessGroupNCCL.Options()
-        options.is_high_priority_stream = True
-        group = dist.new_group(backend="nccl", pg_options=options)
-    else:
-        group = dist.new_group(backend=transport)
-    return make_exchange(transport, group)
 
 
 @dataclass
@@ -65,13 +46,15 @@ class StepStats:
 class OverlapScheduler:
     """Runs steps of microbatches through `embedding`, prefetching when `overlap` is on.
 
-    prefetch_exchange: the prefetch thread's exchange (`make_prefetch_exchange`), required when overlapping.
+    prefetch_exchange: the prefetch thread's exchange over its own process group (`trainer.transport.make_exchange(
+    transport, prefetch=True)`), required when overlapping.
     """
 
     def __init__(self, embedding: ShardedEmbedding, *, overlap: bool, prefetch_exchange: Exchange | None = None):
         if overlap and prefetch_exchange is None:
             raise ValueError("overlap=True needs prefetch_exchange: create it on every rank with "
-                             "make_prefetch_exchange('gloo' or 'nccl') so the prefetch has its own process group")
+                             "trainer.transport.make_exchange(transport, prefetch=True) so the prefetch has its "
+                             "own process group")
         self.embedding, self.overlap, self.prefetch_exchange = embedding, overlap, prefetch_exchange
         on_cuda = embedding.weight.is_cuda
         self._stream = torch.cuda.Stream(priority=-1) if overlap and on_cuda else None

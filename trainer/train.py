@@ -29,14 +29,16 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from cuda_ext.compress import code_bits
 from trainer.data import Vocabulary, read_histories, training_counts, write_training_split
 from trainer.embedding import ShardedEmbedding
-from trainer.exchange import make_exchange
 from trainer.instrument import Collectives, StepRecord, TimedExchange, summarize, write_jsonl
 from trainer.loss import num_targets, sampled_softmax_loss
 from trainer.metrics import evaluate_last_out, most_popular_hr_ndcg
 from trainer.model import HSTU
-from trainer.overlap import OverlapScheduler, make_prefetch_exchange
+from trainer.overlap import OverlapScheduler
+from trainer.transport import make_exchange
+from trainer.transport.compressed import CompressedExchange, ErrorBoundSchedule
 
 
 @dataclass
@@ -86,8 +88,6 @@ class TrainConfig:
             raise ValueError(f"backend 'nccl' needs one CUDA device per rank: {self.nproc} ranks, "
                              f"{torch.cuda.device_count()} devices; use --backend gloo on CPU")
         if self.compress_eb is not None:
-            from cuda_ext.compress import code_bits
-
             try:
                 code_bits(self.compress_eb)
             except ValueError as exc:
@@ -184,24 +184,17 @@ def _train(rank: int, world: int, cfg: TrainConfig, shared: dict, SequenceLoader
     torch.manual_seed(cfg.seed)  # dense parameters: the same initial values on every rank
     vocabulary: Vocabulary = shared["vocabulary"]
     collectives = Collectives()
-    inner = make_exchange(cfg.transport)
-    main_exchange = TimedExchange(inner, collectives)
-    compressed = []  # exchanges whose error bound follows the step
-
-    def fetching(exchange):
-        """The exchange forward fetches use: compressed when asked (gradients are never compressed)."""
-        if cfg.compress_eb is None:
-            return TimedExchange(exchange, collectives)
-        from cuda_ext.compress import CompressedExchange, ErrorBoundSchedule
-
-        compressed.append(CompressedExchange(exchange, ErrorBoundSchedule(cfg.compress_eb,
-                                                                          decay_steps=max(1, cfg.steps // 2))))
-        return TimedExchange(compressed[-1], collectives)
-
-    prefetch = fetching(make_prefetch_exchange(cfg.transport)) if cfg.overlap else None
+    schedule = (None if cfg.compress_eb is None else
+                ErrorBoundSchedule(cfg.compress_eb, decay_steps=max(1, cfg.steps // 2)))
+    fetching = make_exchange(cfg.transport, compress=schedule)  # forward rows: compressed when asked
+    exact = fetching.inner if isinstance(fetching, CompressedExchange) else fetching  # gradients: never compressed
+    main_exchange = TimedExchange(exact, collectives)
+    prefetching = make_exchange(cfg.transport, prefetch=True, compress=schedule) if cfg.overlap else None
+    compressed = [x for x in (fetching, prefetching) if isinstance(x, CompressedExchange)]  # bounds follow the step
+    prefetch = TimedExchange(prefetching, collectives) if prefetching is not None else None
     table = ShardedEmbedding(len(vocabulary.ids), cfg.d_model, exchange=main_exchange, init_seed=cfg.seed,
                              lr=cfg.emb_lr, device=device,
-                             fetch_exchange=fetching(inner) if cfg.compress_eb is not None else None)
+                             fetch_exchange=TimedExchange(fetching, collectives) if fetching is not exact else None)
     model = HSTU(cfg.d_model, cfg.num_layers, cfg.num_heads, attention=cfg.attention, max_len=cfg.max_len,
                  dropout=cfg.dropout).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)

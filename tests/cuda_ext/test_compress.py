@@ -1,5 +1,5 @@
-"""cuda_ext.compress: the error bound, round trips, the lossless stage, the schedule, CompressedExchange over
-gloo, and (marked gpu) the CUDA kernels against the torch reference."""
+"""cuda_ext.compress: the error bound, round trips, the lossless stage, and (marked gpu) the CUDA kernels
+against the torch reference. The exchange that sends rows compressed: tests/trainer/test_compressed.py."""
 from __future__ import annotations
 
 import shutil
@@ -12,11 +12,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cuda_ext.compress import (FLAG_ZERO_BYTES, CompressedExchange, ErrorBoundSchedule, code_bits, compress,
-                               compressed_exchanges, decompress, ratio_vs_bf16, read_header, zero_bytes_decode,
-                               zero_bytes_encode)
-from tests.trainer.dist import LoopbackExchange, run_world
-from trainer.exchange import TorchExchange
+from cuda_ext.compress import (FLAG_ZERO_BYTES, code_bits, compress, decompress, ratio_vs_bf16, read_header,
+                               zero_bytes_decode, zero_bytes_encode)
 
 EBS = [1e-1, 1e-2, 1e-3, 1e-4]
 
@@ -142,56 +139,6 @@ def test_not_a_payload():
         decompress(torch.zeros(64, dtype=torch.uint8))
     with pytest.raises(ValueError, match="2-D"):
         compress(torch.zeros(3), 1e-2)
-
-
-def test_schedule_starts_at_twice_and_decays_to_base():
-    s = ErrorBoundSchedule(1e-3, decay_steps=100)
-    assert s(0) == pytest.approx(2e-3)
-    assert s(50) == pytest.approx(2e-3 * 0.5 ** 0.5)  # geometric halfway
-    values = [s(t) for t in range(101)]
-    assert all(a > b for a, b in zip(values, values[1:]))
-    assert s(100) == s(10_000) == 1e-3
-    with pytest.raises(ValueError, match="start_factor"):
-        ErrorBoundSchedule(1e-3, start_factor=0.5, decay_steps=10)
-
-
-def test_exchange_steps_schedule_and_passes_integers():
-    tables = compressed_exchanges(LoopbackExchange(), {"items": ErrorBoundSchedule(1e-2, decay_steps=4),
-                                                         "users": ErrorBoundSchedule(1e-3, decay_steps=2)})
-    items = tables["items"]
-    assert items.eb == pytest.approx(2e-2) and tables["users"].eb == pytest.approx(2e-3)
-    for _ in range(4):
-        items.step()
-    assert items.eb == 1e-2
-    ids = torch.arange(5)
-    assert torch.equal(items.all_to_all(ids, [5], [5]), ids)
-
-
-def _exchange_worker(rank: int, world: int) -> None:
-    inner = TorchExchange()
-    ex = CompressedExchange(inner, ErrorBoundSchedule(1e-2, decay_steps=10))
-    g = torch.Generator().manual_seed(rank)
-    send_counts = [(rank + j) % 3 for j in range(world)]  # includes empty segments
-    send_counts[0] = 0
-    recv_counts = ex.exchange_counts(send_counts)
-    for dtype in (torch.float32, torch.bfloat16):
-        rows = (torch.randn(sum(send_counts), 16, generator=g) * 0.05).to(dtype)
-        plain = inner.all_to_all(rows, send_counts, recv_counts)
-        got = ex.all_to_all(rows, send_counts, recv_counts)
-        assert_within_bound(plain, got, ex.eb)
-    ids = torch.randint(0, 1000, (sum(send_counts),), generator=g)
-    assert torch.equal(ex.all_to_all(ids, send_counts, recv_counts), inner.all_to_all(ids, send_counts, recv_counts))
-    flags = (ids % 2).to(torch.uint8)
-    assert torch.equal(ex.all_to_all(flags, send_counts, recv_counts),
-                       inner.all_to_all(flags, send_counts, recv_counts))
-    ex.step()
-    empty = torch.empty(0, 16)
-    assert ex.all_to_all(empty, [0] * world, [0] * world).shape == (0, 16)
-
-
-@pytest.mark.parametrize("world", [2, 3])
-def test_compressed_exchange_gloo(world):
-    run_world(_exchange_worker, world)
 
 
 # ---- the CUDA side ----------------------------------------------------------------------------------------

@@ -4,7 +4,8 @@ import torch
 
 from tests.trainer.dist import LoopbackExchange, run_world
 from trainer.embedding import INIT_CHUNK_ROWS, ShardedEmbedding, reference_table
-from trainer.exchange import Exchange, TorchExchange, make_exchange
+from trainer.transport import Exchange, make_exchange
+from trainer.transport.torch_dist import TorchExchange
 
 NUM_ITEMS, DIM, LR, EPS = 23, 4, 0.1, 1e-8
 
@@ -128,3 +129,5 @@ def test_bad_arguments_raise():
         ShardedEmbedding(0, DIM, exchange=ex, init_seed=0)
     with pytest.raises(ValueError, match=r"unknown exchange transport 'rdma'; choose one of \['ce', 'gloo', 'nccl'\]"):
         make_exchange("rdma")
+    with pytest.raises(ValueError, match="prefetch=True creates the prefetch thread's own process group; pass group=None"):
+        make_exchange("gloo", object(), prefetch=True)

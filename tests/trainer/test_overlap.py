@@ -5,8 +5,9 @@ import torch.distributed as dist
 
 from tests.trainer.dist import LoopbackExchange, run_world
 from trainer.embedding import ShardedEmbedding
-from trainer.exchange import TorchExchange
-from trainer.overlap import OverlapScheduler, make_prefetch_exchange
+from trainer.overlap import OverlapScheduler
+from trainer.transport import make_exchange
+from trainer.transport.torch_dist import TorchExchange
 
 NUM_ITEMS, DIM, STEPS, MICRO = 61, 4, 20, 2
 
@@ -44,7 +45,7 @@ def train(scheduler, steps, dense):
 
 
 def _check_overlap(rank, world):
-    prefetch = make_prefetch_exchange("gloo")
+    prefetch = make_exchange("gloo", prefetch=True)
     steps = make_steps(rank)
     results = {}
     for overlap in (False, True):

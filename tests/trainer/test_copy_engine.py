@@ -1,4 +1,4 @@
-"""cuda_ext.ce: the copy-engine exchange. CPU: errors, offsets, the C error path; GPU (marked): equality with
+"""trainer.transport.copy_engine: the `ce` exchange. CPU: errors, offsets; GPU (marked): equality with
 TorchExchange over gloo among 2 and 3 processes sharing one GPU, within a node and host-staged across nodes,
 and `freescale train --transport ce` against `--transport nccl`."""
 from __future__ import annotations
@@ -6,11 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cuda_ext import ce
-from cuda_ext.ce import CopyEngineExchange, receive_offsets
-from tests.cuda_ext.test_build import needs_nvcc
 from tests.trainer.dist import run_world
-from trainer.exchange import TorchExchange, make_exchange
+from trainer.transport import copy_engine, make_exchange
+from trainer.transport.copy_engine import CopyEngineExchange, receive_offsets
+from trainer.transport.torch_dist import TorchExchange
 
 
 @pytest.fixture
@@ -31,9 +30,9 @@ def test_unknown_transport_lists_ce():
 
 
 def test_device_index():
-    assert ce._cuda_index("cuda:2") == 2 and ce._cuda_index(1) == 1
+    assert copy_engine._cuda_index("cuda:2") == 2 and copy_engine._cuda_index(1) == 1
     with pytest.raises(ValueError, match="device 'cpu' is not a CUDA device"):
-        ce._cuda_index("cpu")
+        copy_engine._cuda_index("cpu")
 
 
 @pytest.mark.parametrize("world", [1, 2, 5])
@@ -43,12 +42,6 @@ def test_receive_offsets_is_the_exclusive_column_prefix_sum(world):
     for i in range(world):
         for j in range(world):
             assert offsets[i, j] == sum(int(counts[k, j]) for k in range(i))
-
-
-@needs_nvcc
-def test_a_failing_cuda_call_names_the_call(cuda_cache):
-    with pytest.raises(RuntimeError, match=r"fs_malloc failed: .+ \(cudaError_t \d+\)"):
-        ce._new("fs_malloc", 9999, 16)  # no driver here; an invalid device on a GPU machine
 
 
 # ---- GPU: every rank is a process on cuda:0 (or spread over the GPUs) ------------------------------------------------

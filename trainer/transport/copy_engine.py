@@ -1,6 +1,7 @@
 """`ce`: all-to-all-v on GPU copy engines (CUDA IPC + cudaMemcpyAsync), no kernel in the transfer path.
 
-Layout as `trainer.exchange` (rows along dim 0, any trailing shape and dtype). One call on rank r:
+Built on `cuda_ext.bindings` (ce.cu). Layout as `trainer.transport.base` (rows along dim 0, any trailing shape
+and dtype). One call on rank r:
 
     1. wait until this rank's previous receive was copied out, grow its receive buffer if it is too small
     2. all-gather over the CPU group: (send_counts (W,), row_bytes, buffer generation) of every rank
@@ -18,8 +19,6 @@ device IPC) or use several (peer copies; the IPC mapping enables peer access whe
 """
 from __future__ import annotations
 
-import ctypes
-import functools
 import math
 import socket
 
@@ -27,53 +26,11 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from cuda_ext.build import load
-from trainer.exchange import TorchExchange, check_split
+from cuda_ext import bindings
+from trainer.transport.base import check_split
+from trainer.transport.torch_dist import TorchExchange
 
 MIN_BUFFER_BYTES = 1 << 20
-HANDLE_BYTES = 64
-_ptr = ctypes.c_void_p
-_SIGNATURES = {  # name: argtypes; every function returns its cudaError_t as an int
-    "fs_stream_priority_range": [ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int)],
-    "fs_malloc": [ctypes.c_int, ctypes.c_size_t, ctypes.POINTER(_ptr)],
-    "fs_free": [ctypes.c_int, _ptr],
-    "fs_ipc_get_handle": [ctypes.c_int, _ptr, ctypes.c_char * HANDLE_BYTES],
-    "fs_ipc_open": [ctypes.c_int, ctypes.c_char * HANDLE_BYTES, ctypes.POINTER(_ptr)],
-    "fs_ipc_close": [ctypes.c_int, _ptr],
-    "fs_stream_create": [ctypes.c_int, ctypes.c_int, ctypes.POINTER(_ptr)],
-    "fs_stream_destroy": [_ptr],
-    "fs_event_create": [ctypes.c_int, ctypes.POINTER(_ptr)],
-    "fs_event_destroy": [_ptr],
-    "fs_event_record": [_ptr, _ptr],
-    "fs_event_synchronize": [_ptr],
-    "fs_stream_wait_event": [_ptr, _ptr],
-    "fs_memcpy_async": [_ptr, _ptr, ctypes.c_size_t, _ptr],
-}
-
-
-@functools.cache
-def _lib() -> ctypes.CDLL:
-    lib = load()
-    for name, argtypes in _SIGNATURES.items():
-        fn = getattr(lib, name)
-        fn.argtypes, fn.restype = argtypes, ctypes.c_int
-    lib.fs_error_string.argtypes, lib.fs_error_string.restype = [ctypes.c_int], ctypes.c_char_p
-    return lib
-
-
-def cuda_call(name: str, *args) -> None:
-    """lib.name(*args); a nonzero cudaError_t raises RuntimeError with the call and cudaGetErrorString."""
-    lib = _lib()
-    code = getattr(lib, name)(*args)
-    if code != 0:
-        raise RuntimeError(f"{name} failed: {lib.fs_error_string(code).decode()} (cudaError_t {code})")
-
-
-def _new(name: str, *args) -> int:
-    """A handle (pointer, stream, event) returned through the last argument of lib.name."""
-    out = _ptr()
-    cuda_call(name, *args, ctypes.byref(out))
-    return out.value or 0
 
 
 def _cuda_index(device: torch.device | str | int | None) -> int:
@@ -119,16 +76,15 @@ class CopyEngineExchange:
         self.device = torch.device("cuda", _cuda_index(device))
         self._counts = TorchExchange(group, device="cpu")
         dev = self.device.index
-        least, greatest = ctypes.c_int(), ctypes.c_int()
-        cuda_call("fs_stream_priority_range", dev, ctypes.byref(least), ctypes.byref(greatest))
-        if not greatest.value <= priority <= least.value:
+        least, greatest = bindings.stream_priority_range(dev)
+        if not greatest <= priority <= least:
             raise ValueError(f"priority {priority} is outside {self.device}'s stream priorities "
-                             f"[{greatest.value} (most urgent), {least.value} (least)]; choose one in between")
+                             f"[{greatest} (most urgent), {least} (least)]; choose one in between")
         self.priority = priority
-        self._stream = _new("fs_stream_create", dev, priority)
-        self._sent = _new("fs_event_create", dev)  # on the caller's stream: send is ready
-        self._copied = _new("fs_event_create", dev)  # on the copy stream: this rank's copies are done
-        self._read = _new("fs_event_create", dev)  # on the caller's stream: the buffer was copied out
+        self._stream = bindings.stream_create(dev, priority)
+        self._sent = bindings.event_create(dev)  # on the caller's stream: send is ready
+        self._copied = bindings.event_create(dev)  # on the copy stream: this rank's copies are done
+        self._read = bindings.event_create(dev)  # on the caller's stream: the buffer was copied out
         self._read_pending = False
         nodes: list[str | None] = [None] * self.world_size
         dist.all_gather_object(nodes, node or socket.gethostname(), group=group)
@@ -152,13 +108,13 @@ class CopyEngineExchange:
         send = send.contiguous()
         row_bytes = math.prod(send.shape[1:]) * send.element_size()
         if self._read_pending:  # peers write into the buffer only after this rank joins the gather below
-            cuda_call("fs_event_synchronize", self._read)
+            bindings.event_synchronize(self._read)
         self._reserve(sum(recv_counts) * row_bytes)
         counts = self._gather_counts(send_counts, recv_counts, row_bytes)  # (W, W)
         offsets = receive_offsets(counts) * row_bytes  # (W, W) byte offsets into each receiver's buffer
         caller = torch.cuda.current_stream(self.device).cuda_stream
-        cuda_call("fs_event_record", self._sent, caller)
-        cuda_call("fs_stream_wait_event", self._stream, self._sent)
+        bindings.event_record(self._sent, caller)
+        bindings.stream_wait_event(self._stream, self._sent)
         sent = counts[self.rank] * row_bytes  # (W,) bytes for each destination
         host_segments = self._send(send.data_ptr(), sent, torch.cumsum(sent, 0) - sent, offsets)
         self._synchronize()
@@ -166,12 +122,12 @@ class CopyEngineExchange:
             self._receive_staged(host_segments, counts[:, self.rank] * row_bytes, offsets[:, self.rank])
         dist.barrier(group=self.group)  # every rank's copies into every buffer have landed
         for ptr in self._retired:
-            cuda_call("fs_free", self.device.index, ptr)
+            bindings.free(self.device.index, ptr)
         self._retired.clear()
         recv = send.new_empty((sum(recv_counts), *send.shape[1:]))  # (sum(recv_counts), *trailing)
         if recv.numel():
-            cuda_call("fs_memcpy_async", recv.data_ptr(), self._buffer, recv.numel() * recv.element_size(), caller)
-        cuda_call("fs_event_record", self._read, caller)
+            bindings.memcpy_async(recv.data_ptr(), self._buffer, recv.numel() * recv.element_size(), caller)
+        bindings.event_record(self._read, caller)
         self._read_pending = True
         return recv
 
@@ -182,7 +138,7 @@ class CopyEngineExchange:
         if self._buffer:
             self._retired.append(self._buffer)
         self._capacity = max(nbytes, 2 * self._capacity, MIN_BUFFER_BYTES)
-        self._buffer = _new("fs_malloc", self.device.index, self._capacity)
+        self._buffer = bindings.malloc(self.device.index, self._capacity)
         self._generation += 1
 
     def _gather_counts(self, send_counts: list[int], recv_counts: list[int], row_bytes: int) -> Tensor:
@@ -204,18 +160,16 @@ class CopyEngineExchange:
 
     def _remap(self, generations: list[int]) -> None:
         """All-gather every rank's IPC handle; close and re-open the local peers' buffers that changed."""
-        handle = (ctypes.c_char * HANDLE_BYTES)()
-        cuda_call("fs_ipc_get_handle", self.device.index, self._buffer, handle)
-        mine = torch.frombuffer(bytearray(handle.raw), dtype=torch.uint8)  # (64,)
+        handle = bindings.ipc_get_handle(self.device.index, self._buffer)
+        mine = torch.frombuffer(bytearray(handle), dtype=torch.uint8)  # (bindings.HANDLE_BYTES,)
         handles = [torch.empty_like(mine) for _ in range(self.world_size)]
         dist.all_gather(handles, mine, group=self.group)
         for peer, generation in enumerate(generations):
             if peer == self.rank or not self._local[peer] or generation == self._peer_generations[peer]:
                 continue
             if self._peer_ptrs[peer]:
-                cuda_call("fs_ipc_close", self.device.index, self._peer_ptrs[peer])
-            raw = (ctypes.c_char * HANDLE_BYTES).from_buffer_copy(handles[peer].numpy().tobytes())
-            self._peer_ptrs[peer] = _new("fs_ipc_open", self.device.index, raw)
+                bindings.ipc_close(self.device.index, self._peer_ptrs[peer])
+            self._peer_ptrs[peer] = bindings.ipc_open(self.device.index, handles[peer].numpy().tobytes())
         self._peer_generations = list(generations)
 
     def _send(self, src: int, nbytes: Tensor, src_offsets: Tensor, offsets: Tensor) -> list[int]:
@@ -237,7 +191,7 @@ class CopyEngineExchange:
             else:
                 dst = self._host_send.data_ptr() + host_at
                 host_at += n
-            cuda_call("fs_memcpy_async", dst, src + int(src_offsets[j]), n, self._stream)
+            bindings.memcpy_async(dst, src + int(src_offsets[j]), n, self._stream)
         return staged
 
     def _receive_staged(self, staged: list[int], nbytes: Tensor, offsets: Tensor) -> None:
@@ -250,31 +204,31 @@ class CopyEngineExchange:
         host_at = 0
         for i, n in enumerate(from_remote):
             if n:
-                cuda_call("fs_memcpy_async", self._buffer + int(offsets[i]), self._host_recv.data_ptr() + host_at,
-                          n, self._stream)
+                bindings.memcpy_async(self._buffer + int(offsets[i]), self._host_recv.data_ptr() + host_at, n,
+                                      self._stream)
                 host_at += n
         self._synchronize()
 
     def _synchronize(self) -> None:
         """Block the host until everything queued on the copy stream is done."""
-        cuda_call("fs_event_record", self._copied, self._stream)
-        cuda_call("fs_event_synchronize", self._copied)
+        bindings.event_record(self._copied, self._stream)
+        bindings.event_synchronize(self._copied)
 
     def close(self) -> None:
         """Release the mappings, buffers, events and stream (a collective: peers must not copy any more)."""
         dist.barrier(group=self.group)
         if self._read_pending:
-            cuda_call("fs_event_synchronize", self._read)
+            bindings.event_synchronize(self._read)
         dev = self.device.index
         for peer, ptr in enumerate(self._peer_ptrs):
             if ptr:
-                cuda_call("fs_ipc_close", dev, ptr)
+                bindings.ipc_close(dev, ptr)
         dist.barrier(group=self.group)  # no peer maps this rank's buffer any more
         for ptr in [*self._retired, self._buffer]:
             if ptr:
-                cuda_call("fs_free", dev, ptr)
+                bindings.free(dev, ptr)
         for event in (self._sent, self._copied, self._read):
-            cuda_call("fs_event_destroy", event)
-        cuda_call("fs_stream_destroy", self._stream)
+            bindings.event_destroy(event)
+        bindings.stream_destroy(self._stream)
         self._peer_ptrs, self._retired, self._buffer, self._capacity = [0] * self.world_size, [], 0, 0
         self._read_pending = False

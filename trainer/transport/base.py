@@ -1,0 +1,49 @@
+"""The `Exchange` interface: all-to-all-v among the ranks of one process group, whatever moves the bytes.
+
+Layout on rank r of a world of W ranks (rows along dim 0, any trailing shape and dtype):
+
+    send: (sum(send_counts), *trailing)  send_counts[j] rows for rank j, ranks in order 0..W-1
+    recv: (sum(recv_counts), *trailing)  recv_counts[j] rows from rank j, ranks in order 0..W-1
+
+recv_counts[j] on rank r equals send_counts[r] on rank j; `exchange_counts` computes them. Every rank of the
+group must call each method in the same order (they are collectives), with empty sends where it has nothing.
+"""
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from torch import Tensor
+
+
+@runtime_checkable
+class Exchange(Protocol):
+    """One transport of all-to-all-v among the ranks of one process group."""
+
+    rank: int
+    world_size: int
+
+    def exchange_counts(self, send_counts: list[int]) -> list[int]:
+        """All-to-all of the per-destination row counts: returns recv_counts, (world_size,)."""
+        ...
+
+    def all_to_all(self, send: Tensor, send_counts: list[int], recv_counts: list[int]) -> Tensor:
+        """send: (sum(send_counts), *trailing) -> recv: (sum(recv_counts), *trailing), same dtype."""
+        ...
+
+
+def check_counts(name: str, counts: list[int], world_size: int) -> None:
+    """One count per rank, each >= 0."""
+    if len(counts) != world_size:
+        raise ValueError(f"{name} has {len(counts)} entries but the group has {world_size} ranks; "
+                         f"give one count per rank (0 where nothing goes)")
+    if any(c < 0 for c in counts):
+        raise ValueError(f"{name} {list(counts)} has a negative count; counts are row numbers >= 0")
+
+
+def check_split(send: Tensor, send_counts: list[int], recv_counts: list[int], world_size: int) -> None:
+    """The counts of an all-to-all: one per rank, >= 0, and ``send_counts`` splitting dim 0 of ``send``."""
+    check_counts("send_counts", send_counts, world_size)
+    check_counts("recv_counts", recv_counts, world_size)
+    if send.shape[0] != sum(send_counts):
+        raise ValueError(f"send has {send.shape[0]} rows but send_counts {list(send_counts)} sum to "
+                         f"{sum(send_counts)}; the counts must split dim 0 of send exactly")
