@@ -7,13 +7,13 @@ summaries, the offline report builds on the per-step values.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from balancer.cost import CostModel
 from balancer.metrics import lockstep_idle
-from balancer.plan import plan
+from loader.spec import BatchSpec
 
 SUMMARY_KEYS = ("max_over_lower_bound", "max_over_mean", "bubble_fraction", "step_bubble_fraction")
 PLAN_KEYS = ("token_cap_violations", "ms", "idle_cost", "samples", "tokens")
@@ -21,18 +21,13 @@ PLAN_KEYS = ("token_cap_violations", "ms", "idle_cost", "samples", "tokens")
 
 def evaluate_epoch(
     steps: Sequence[np.ndarray],
-    *,
-    ranks: int,
-    microbatches: int,
+    spec: BatchSpec,
     methods: Sequence[str],
-    cost_model: CostModel | None = None,
-    max_tokens: int | None = None,
-    equal_count: bool = False,
-    seed: int = 0,
+    *,
     progress: Callable[[Iterable], Iterable] = iter,
 ) -> dict[str, dict]:
     """Plan every step (``steps[k]``: its sample lengths in batch order, e.g. the loader's steps from
-    ``loader.lengths.epoch_lengths``) with each method.
+    ``loader.lengths.epoch_lengths``) with ``spec``'s settings and each of ``methods``.
 
     Per method: per-step metric arrays (``steps``) and their ``mean``/``max``, planner ms per step,
     the lockstep idle cost (``metrics.lockstep_idle``), and the samples and tokens each plan holds.
@@ -42,11 +37,10 @@ def evaluate_epoch(
     }
     if steps:  # warm-up outside the timings: the first call loads the compiled kernels
         for method in methods:
-            plan(np.asarray(steps[0][:1]), ranks=ranks, microbatches=microbatches, method=method)
+            replace(spec, max_tokens=None).plan(np.asarray(steps[0][:1]), method=method)
     for lengths in progress(steps):
         for method in methods:
-            p = plan(lengths, ranks=ranks, microbatches=microbatches, cost_model=cost_model,
-                     max_tokens=max_tokens, equal_count=equal_count, method=method, seed=seed)
+            p = spec.plan(lengths, method=method)
             for key in (*SUMMARY_KEYS, "token_cap_violations"):
                 per_step[method][key].append(p.metrics[key])
             per_step[method]["ms"].append(p.seconds * 1e3)

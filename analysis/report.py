@@ -21,8 +21,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from analysis.evaluate import evaluate_epoch
-from balancer.cost import CostModel
-from balancer.plan import plan
+from loader.spec import BatchSpec
 
 HEATMAP_METHODS = ("balanced", "naive")  # the worst step (largest ``balanced`` bubble) under each
 
@@ -42,20 +41,14 @@ def length_histogram(lengths: np.ndarray) -> dict:
 
 def build_report(
     steps: Sequence[np.ndarray],
-    *,
-    ranks: int,
-    microbatches: int,
-    samples_per_step: int,
+    spec: BatchSpec,
     methods: Sequence[str],
-    cost_model: CostModel | None = None,
+    *,
     seconds_per_cost: float | None = None,
-    max_tokens: int | None = None,
-    equal_count: bool = False,
-    seed: int = 0,
     progress: Callable[[Iterable], Iterable] = iter,
 ) -> dict:
     """Every number of the report (see ``docs/report.md`` for the keys) over ``steps``: each step's
-    sample lengths, in batch order. ``samples_per_step`` is recorded in ``config`` only.
+    sample lengths, in batch order, planned with ``spec``'s settings and each of ``methods``.
 
     ``seconds_per_cost`` converts cost units to seconds; ``None`` leaves the GPU-hours out (lost time is
     then reported in cost units only). ``methods`` must include ``balanced``: it picks the worst step.
@@ -68,20 +61,17 @@ def build_report(
         raise ValueError(f"seconds_per_cost must be a positive number, got {seconds_per_cost!r}")
     steps = [np.asarray(s, dtype=np.int64) for s in steps]
     lengths = np.concatenate(steps) if steps else np.zeros(0, dtype=np.int64)
-    options = dict(ranks=ranks, microbatches=microbatches, cost_model=cost_model, max_tokens=max_tokens,
-                   equal_count=equal_count, seed=seed)
-    per_step = {m: r["steps"] for m, r in evaluate_epoch(steps, methods=methods, progress=progress,
-                                                          **options).items()}
+    per_step = {m: r["steps"] for m, r in evaluate_epoch(steps, spec, methods, progress=progress).items()}
     bubble = {m: v["bubble_fraction"] for m, v in per_step.items()}  # lockstep bubble fraction per step
     max_over_mean = {m: v["max_over_mean"] for m, v in per_step.items()}
     lost_cost = {m: v["idle_cost"] for m, v in per_step.items()}  # lost GPU time per step, cost units
 
     worst = int(np.argmax(bubble["balanced"])) if steps else None
     return {
-        "config": {"ranks": ranks, "microbatches": microbatches, "samples_per_step": samples_per_step,
-                   "methods": methods, "cost_model": (cost_model.to_dict() if cost_model else None),
-                   "seconds_per_cost": seconds_per_cost, "max_tokens": max_tokens, "equal_count": equal_count,
-                   "seed": seed},
+        "config": {"ranks": spec.ranks, "microbatches": spec.microbatches, "samples_per_step": spec.samples_per_step,
+                   "methods": methods, "cost_model": (spec.cost_model.to_dict() if spec.cost_model else None),
+                   "seconds_per_cost": seconds_per_cost, "max_tokens": spec.max_tokens,
+                   "equal_count": spec.equal_count, "seed": spec.seed},
         "histories": int(lengths.size),
         "tokens": int(lengths.sum()),
         "histogram": length_histogram(lengths),
@@ -91,18 +81,18 @@ def build_report(
         "bubble_fraction": {m: v.tolist() for m, v in bubble.items()},
         "max_over_mean": {m: v.tolist() for m, v in max_over_mean.items()},
         "cdf": {m: np.sort(v).tolist() for m, v in max_over_mean.items()},
-        "worst_step": _worst_step(steps, worst, options),
+        "worst_step": _worst_step(steps, worst, spec),
         "lost_cost_units": {m: float(v.sum()) for m, v in lost_cost.items()},
         "gpu_hours_lost": ({m: float(v.sum()) * seconds_per_cost / 3600 for m, v in lost_cost.items()}
                            if seconds_per_cost is not None else None),
     }
 
 
-def _worst_step(steps: list[np.ndarray], worst: int | None, options: dict) -> dict | None:
+def _worst_step(steps: list[np.ndarray], worst: int | None, spec: BatchSpec) -> dict | None:
     """The (R, M) loads of step ``worst`` under each of ``HEATMAP_METHODS`` (planning is deterministic)."""
     if worst is None:
         return None
-    plans = {m: plan(steps[worst], method=m, **options) for m in HEATMAP_METHODS}
+    plans = {m: spec.plan(steps[worst], method=m) for m in HEATMAP_METHODS}
     return {"index": worst, "samples": int(len(steps[worst])),
             "loads": {m: p.loads.tolist() for m, p in plans.items()},
             "bubble_fraction": {m: p.metrics["bubble_fraction"] for m, p in plans.items()}}

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from balancer.cost import CostModel, _nonnegative_lstsq
-from balancer.plan import plan
+from loader.spec import BatchSpec
 
 
 @dataclass(frozen=True)
@@ -158,29 +158,28 @@ def simulate(compute: np.ndarray, exchange: np.ndarray, *, overlap: bool, conten
     )
 
 
-def plan_features(lengths_per_step: list[np.ndarray], *, ranks: int, microbatches: int, planner: str,
-                  cost_model: CostModel) -> np.ndarray:
-    """Plan every step with ``planner`` (the loader's cost model) and return bin features (K, R, M, 3)."""
-    out = np.empty((len(lengths_per_step), ranks, microbatches, 3))
+def plan_features(lengths_per_step: list[np.ndarray], spec: BatchSpec, planner: str) -> np.ndarray:
+    """Plan every step with ``spec``'s settings and ``planner``; return bin features (K, R, M, 3)."""
+    out = np.empty((len(lengths_per_step), spec.ranks, spec.microbatches, 3))
     for k, lengths in enumerate(lengths_per_step):
-        p = plan(lengths, ranks=ranks, microbatches=microbatches, cost_model=cost_model, method=planner)
-        out[k] = bin_features(lengths, p.rank, p.microbatch, ranks, microbatches)
+        p = spec.plan(lengths, method=planner)
+        out[k] = bin_features(lengths, p.rank, p.microbatch, spec.ranks, spec.microbatches)
     return out
 
 
-def run_scenarios(lengths_per_step: list[np.ndarray], *, ranks: int, microbatches: int, timing: Timing,
-                  plan_cost_model: CostModel, sm_contention: float, ce_contention: float,
-                  scenarios=SCENARIOS, seed: int = 0) -> dict[str, Breakdown]:
-    """Breakdown of each scenario over the same global batches (planned once per planner)."""
+def run_scenarios(lengths_per_step: list[np.ndarray], spec: BatchSpec, timing: Timing, *, sm_contention: float,
+                  ce_contention: float, scenarios=SCENARIOS) -> dict[str, Breakdown]:
+    """Breakdown of each scenario over the same global batches, planned once per planner with ``spec``'s
+    settings (its cost model is the loader's, which may differ from ``timing``'s); ``spec.seed`` also
+    seeds the jitter."""
     features = {}
     results = {}
     contention = {"blocking": 0.0, "sm": sm_contention, "ce": ce_contention}
     for sc in scenarios:
         if sc.planner not in features:
-            features[sc.planner] = plan_features(lengths_per_step, ranks=ranks, microbatches=microbatches,
-                                                 planner=sc.planner, cost_model=plan_cost_model)
+            features[sc.planner] = plan_features(lengths_per_step, spec, sc.planner)
         feats = features[sc.planner]
-        t = with_jitter(compute_seconds(feats, timing), timing.jitter_s, seed)
+        t = with_jitter(compute_seconds(feats, timing), timing.jitter_s, spec.seed)
         results[sc.name] = simulate(t, exchange_seconds(feats, timing), overlap=sc.overlap,
                                     contention=contention[sc.transport])
     return results

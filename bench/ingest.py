@@ -141,12 +141,10 @@ def synth_dataset(name: str, rows: int, root: Path, *, seed: int = 0) -> dict:
 
 def movielens_dataset(root: Path) -> dict:
     """The bundled MovieLens sample in the data contract (converted afresh: it takes well under a second)."""
-    from loader.convert import convert_events
-    from loader.sample_data import movielens_ratings_path
+    from loader.sample_data import convert_movielens
 
     out = root / "movielens"
-    summary = convert_events(movielens_ratings_path(), out, user_col="userId", item_col="movieId",
-                             time_col="timestamp", feature_cols=("rating",), overwrite=True)
+    summary = convert_movielens(out)
     tokens = sum(len(pq.ParquetFile(p).read(columns=["item_ids"]).column(0).combine_chunks().values)
                  for p in sorted(out.glob("part-*.parquet")))
     print(f"movielens: {summary['users']:,} rows, {tokens:,} events in {out}", flush=True)

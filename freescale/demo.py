@@ -15,35 +15,26 @@ from pathlib import Path
 
 import numpy as np
 
-from freescale.planning import add_plan_flags, evaluate_args, format_table, loader_arguments
+from freescale.planning import evaluate_args, format_table, loader_arguments
 
 
-def register(sub) -> None:
-    p = sub.add_parser("demo", help="convert the bundled MovieLens sample, compare planners, stream it through Ray",
-                       description=__doc__)
-    p.add_argument("--out", help="keep the converted Parquet here (default: a temporary folder)")
-    add_plan_flags(p, ranks=4, microbatches=4, step=128)
-    p.set_defaults(func=_run)
-
-
-def _run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     from analysis.costfile import load_cost_model
     from loader.config import LoaderConfig
-    from loader.convert import convert_events
     from loader.lengths import epoch_lengths
-    from loader.sample_data import movielens_ratings_path
+    from loader.sample_data import convert_movielens
 
     with tempfile.TemporaryDirectory(prefix="freescale-demo-") as tmp:
         out = Path(args.out) if args.out else Path(tmp) / "movielens"
-        summary = convert_events(movielens_ratings_path(), out, user_col="userId", item_col="movieId",
-                                 time_col="timestamp", feature_cols=("rating",), overwrite=True)
+        summary = convert_movielens(out)
         print(f"converted {summary['rows_read']} MovieLens ratings into {summary['users']} histories "
               f"({summary['files']} files) at {out}")
         cost_model = load_cost_model(args.cost_model) if args.cost_model else None
-        epoch = epoch_lengths(out, LoaderConfig(backend="inline", **loader_arguments(args, cost_model)))
+        config = LoaderConfig(backend="inline", **loader_arguments(args, cost_model))
+        epoch = epoch_lengths(out, config)
         print(f"planning the loader's {len(epoch.steps)} steps of {args.samples_per_step} histories onto "
               f"{args.ranks} ranks x {args.microbatches} microbatches (cost = L^2)")
-        print(format_table(evaluate_args(epoch.steps, args)))
+        print(format_table(evaluate_args(epoch.steps, config, args)))
         _ingest(out, len(epoch.lengths), args)
     return 0
 

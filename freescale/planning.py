@@ -14,35 +14,8 @@ import sys
 
 from analysis.costfile import load_cost_model
 from analysis.evaluate import evaluate_epoch
-from balancer import CostModel, available_methods
-
-
-def register(sub) -> None:
-    p = sub.add_parser("plan", help="plan every step of an epoch with each method and compare balance metrics",
-                       description=__doc__)
-    p.add_argument("data", help="Parquet file, directory or glob in the data contract")
-    add_plan_flags(p)
-    p.add_argument("--json-out", help="also write the per-method summary as JSON to this file")
-    p.set_defaults(func=_run)
-
-
-def add_plan_flags(p: argparse.ArgumentParser, *, ranks: int = 8, microbatches: int = 4, step: int = 1024) -> None:
-    p.add_argument("--ranks", type=int, default=ranks, help=f"trainer ranks R (default {ranks})")
-    p.add_argument("--microbatches", type=int, default=microbatches, help=f"microbatches per rank M (default {microbatches})")
-    p.add_argument("--samples-per-step", type=int, default=step, help=f"global batch size G (default {step})")
-    p.add_argument("--methods", default=",".join(available_methods()),
-                   help="comma-separated planners (default: all)")
-    p.add_argument("--cost-model", help="JSON file with quadratic/linear/constant (default: cost = L^2)")
-    p.add_argument("--max-tokens", type=int, help="cap on tokens per microbatch")
-    p.add_argument("--equal-count", action="store_true", help="same number of samples on every rank (+-1)")
-    p.add_argument("--seed", type=int, default=0, help="the loader's seed: epoch order and tie-breaks (default 0)")
-    p.add_argument("--no-shuffle", action="store_true", help="the loader's shuffle=False: file order")
-    p.add_argument("--shuffle-window", type=int,
-                   help="the loader's shuffle_window: rows per shuffle block (default 16384, at least G)")
-    p.add_argument("--max-seq-len", type=int,
-                   help="the loader's max_seq_len: longer histories keep their most recent events")
-    p.add_argument("--drop-last", action="store_true",
-                   help="the loader's drop_last: leave out the last short step (its rows counted as skipped)")
+from balancer import CostModel
+from loader.spec import BatchSpec
 
 
 def loader_arguments(args: argparse.Namespace, cost_model: CostModel | None) -> dict:
@@ -62,14 +35,10 @@ def bar(desc: str, unit: str):
     return lambda items, total=None: tqdm(items, total=total, desc=desc, unit=unit, file=sys.stderr, leave=False)
 
 
-def evaluate_args(steps, args: argparse.Namespace) -> dict[str, dict]:
+def evaluate_args(steps, spec: BatchSpec, args: argparse.Namespace) -> dict[str, dict]:
+    """``evaluate_epoch`` of ``steps`` with ``spec`` and every planner of ``--methods``, with a progress bar."""
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    cost_model = load_cost_model(args.cost_model) if args.cost_model else None
-    return evaluate_epoch(
-        steps, ranks=args.ranks, microbatches=args.microbatches, methods=methods, cost_model=cost_model,
-        max_tokens=args.max_tokens, equal_count=args.equal_count, seed=args.seed,
-        progress=bar("planning steps", "step"),
-    )
+    return evaluate_epoch(steps, spec, methods, progress=bar("planning steps", "step"))
 
 
 def format_table(results: dict[str, dict]) -> str:
@@ -96,7 +65,7 @@ def describe(data, epoch, args: argparse.Namespace) -> str:
                if counts.truncated_rows else ""))
 
 
-def _run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     from loader.config import LoaderConfig
     from loader.lengths import epoch_lengths
 
@@ -104,7 +73,7 @@ def _run(args: argparse.Namespace) -> int:
     config = LoaderConfig(backend="inline", **loader_arguments(args, cost_model))
     epoch = epoch_lengths(args.data, config, progress=bar("reading row groups", "block"))
     print(describe(args.data, epoch, args))
-    results = evaluate_args(epoch.steps, args)
+    results = evaluate_args(epoch.steps, config, args)
     print(format_table(results))
     if args.json_out:
         summary = {m: {"mean": r["mean"], "max": r["max"]} for m, r in results.items()}

@@ -12,25 +12,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from pathlib import Path
 
 from analysis.costfile import load_cost_model
 from balancer import CostModel
-from freescale.planning import add_plan_flags
-
-
-def register(sub) -> None:
-    p = sub.add_parser("report", help="write an HTML + JSON balancing-quality report of one epoch of a dataset",
-                       description=__doc__)
-    p.add_argument("data", help="Parquet file, directory or glob in the data contract")
-    add_plan_flags(p)
-    p.add_argument("--seconds-per-cost", type=float,
-                   help="seconds per cost unit, to project GPU-hours lost (default: 1 with --cost-model, "
-                        "whose coefficients are then in seconds as CostModel.fit returns them)")
-    p.add_argument("--out", required=True, help="directory to write report.html and report.json into")
-    p.epilog = "kk is pure Python: about 0.1 s per step of 1024 samples; leave it out of --methods on big data."
-    p.set_defaults(func=_run)
 
 
 def calibration(args: argparse.Namespace) -> tuple[CostModel | None, float | None]:
@@ -60,11 +45,7 @@ def make_report(data, config, *, methods, seconds_per_cost: float | None = None,
 
     read, plan = (bar("reading row groups", "block"), bar("planning steps", "step")) if progress else (quiet, quiet)
     epoch = epoch_lengths(data, config, progress=read)
-    report = build_report(
-        epoch.steps, ranks=config.ranks, microbatches=config.microbatches, samples_per_step=config.samples_per_step,
-        methods=methods, cost_model=config.cost_model, seconds_per_cost=seconds_per_cost,
-        max_tokens=config.max_tokens, equal_count=config.equal_count, seed=config.seed, progress=plan,
-    )
+    report = build_report(epoch.steps, config, methods, seconds_per_cost=seconds_per_cost, progress=plan)
     report["config"].update(shuffle=config.shuffle, shuffle_window=config.window, max_seq_len=config.max_seq_len,
                             drop_last=config.drop_last)
     counts = epoch.counts
@@ -74,7 +55,7 @@ def make_report(data, config, *, methods, seconds_per_cost: float | None = None,
     return report
 
 
-def _run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     from freescale.planning import loader_arguments
     from freescale.report_html import render_html
     from loader.config import LoaderConfig

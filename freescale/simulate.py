@@ -20,38 +20,9 @@ DEFAULT_EMB_BYTES = 1024.0  # d=256 bf16 rows forward + their gradients back, pe
 DEFAULT_BANDWIDTH_GBPS = 25.0  # per-rank all-to-all bandwidth across nodes (a 200 Gb/s NIC)
 
 
-def register(sub) -> None:
-    p = sub.add_parser("simulate", help="simulate the bubble breakdown of training steps at 8..1024+ ranks",
-                       description=__doc__)
-    p.add_argument("--ranks", default="8,64,256,1024", help="comma-separated rank counts (default: %(default)s)")
-    p.add_argument("--microbatches", type=int, default=8, help="microbatches per rank and step (default: 8)")
-    size = p.add_mutually_exclusive_group()
-    size.add_argument("--samples-per-step", type=int, help="global batch size (the same at every rank count)")
-    size.add_argument("--samples-per-rank", type=int, default=32,
-                      help="global batch = this x ranks (weak scaling; default: 32)")
-    p.add_argument("--lengths", default="lognormal", help="length distribution (analysis.workloads; default lognormal)")
-    p.add_argument("--max-len", type=int, default=4096, help="longest history (default: 4096)")
-    p.add_argument("--cost-model", help="JSON cost model used to plan and, without --calibrate, to time bins "
-                                        "(default: a 4-layer d=256 HSTU FLOP count)")
-    p.add_argument("--seconds-per-cost", type=float, help="seconds per cost unit (default: 1/200e12 for the "
-                                                          "FLOP model, 1 with --cost-model)")
-    p.add_argument("--emb-bytes-per-token", type=float, default=DEFAULT_EMB_BYTES,
-                   help="exchange bytes per token, rows forward + gradients back (default: %(default)s)")
-    p.add_argument("--bandwidth", type=float, help=f"all-to-all GB/s per rank (default: {DEFAULT_BANDWIDTH_GBPS})")
-    p.add_argument("--latency-us", type=float, help="fixed microseconds per all-to-all (default: 30)")
-    p.add_argument("--sm-contention", type=float, default=0.10,
-                   help="compute slowdown while NCCL overlaps it (default: 0.10)")
-    p.add_argument("--ce-contention", type=float, default=0.02,
-                   help="compute slowdown while copy engines overlap it (default: 0.02)")
-    p.add_argument("--steps", type=int, default=4, help="global batches per rank count (default: 4)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--calibrate", help="trainer --metrics-out JSONL: fit compute and exchange times to it")
-    p.add_argument("--json-out", help="write every number as JSON here")
-    p.set_defaults(func=_run)
-
-
-def _run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     from analysis.simulate import run_scenarios
+    from loader.spec import BatchSpec
 
     ranks = _rank_counts(args.ranks)
     for name in ("microbatches", "steps", "max_len"):
@@ -70,9 +41,10 @@ def _run(args: argparse.Namespace) -> int:
     for R in ranks:
         per_step = args.samples_per_step or args.samples_per_rank * R
         lengths = step_lengths(args.lengths, per_step, args.steps, max_len=args.max_len, seed=args.seed)
-        results = run_scenarios(lengths, ranks=R, microbatches=args.microbatches, timing=timing,
-                                plan_cost_model=plan_model, sm_contention=args.sm_contention,
-                                ce_contention=args.ce_contention, seed=args.seed)
+        spec = BatchSpec(ranks=R, microbatches=args.microbatches, samples_per_step=per_step, cost_model=plan_model,
+                         seed=args.seed)
+        results = run_scenarios(lengths, spec, timing, sm_contention=args.sm_contention,
+                                ce_contention=args.ce_contention)
         rows = {name: b.to_dict() for name, b in results.items()}
         out["ranks"][str(R)] = rows
         print(format_table(R, per_step, args.microbatches, rows))

@@ -7,9 +7,9 @@ import zlib
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-from balancer import CostModel, available_methods
 from loader.schema import Columns
 from loader.sources import SourceIndex
+from loader.spec import BatchSpec, positive
 
 BACKENDS = ("ray", "inline")
 # Rows per shuffle block (see loader.order): two blocks of the bench's 300-event histories are ~0.4 GB.
@@ -17,17 +17,11 @@ DEFAULT_SHUFFLE_WINDOW = 16_384
 
 
 @dataclass(frozen=True, kw_only=True)
-class LoaderConfig:
-    """Everything that decides what the loader yields, plus how it runs (backend, readers, queues)."""
+class LoaderConfig(BatchSpec):
+    """Everything that decides what the loader yields (the :class:`loader.spec.BatchSpec` of its steps, and
+    how it reads the epoch), plus how it runs (backend, readers, queues)."""
 
-    ranks: int
-    microbatches: int
-    samples_per_step: int
-    cost_model: CostModel | None = None
     max_seq_len: int | None = None
-    max_tokens: int | None = None
-    equal_count: bool = False
-    seed: int = 0
     shuffle: bool = True
     drop_last: bool = False
     backend: Literal["ray", "inline"] = "ray"
@@ -39,33 +33,21 @@ class LoaderConfig:
     skip_corrupt: bool = False
     shuffle_window: int | None = None
     pin_memory: bool = False
-    planner: str = "balanced"
     locality: bool = True
     ranks_per_node: int | None = None
 
     def __post_init__(self) -> None:
-        for key in ("ranks", "microbatches", "samples_per_step", "prefetch_steps"):
-            _positive(key, getattr(self, key))
-        for key in ("max_seq_len", "max_tokens", "num_readers", "shuffle_window", "ranks_per_node"):
+        super().__post_init__()
+        positive("prefetch_steps", self.prefetch_steps)
+        for key in ("max_seq_len", "num_readers", "shuffle_window", "ranks_per_node"):
             if getattr(self, key) is not None:
-                _positive(key, getattr(self, key), "or None")
-        for key in ("equal_count", "shuffle", "drop_last", "skip_corrupt", "pin_memory", "locality"):
+                positive(key, getattr(self, key), "or None")
+        for key in ("shuffle", "drop_last", "skip_corrupt", "pin_memory", "locality"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"{key} must be True or False, got {getattr(self, key)!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
-            raise ValueError(f"seed must be an integer in [0, 2**63), got {self.seed!r}")
-        if self.cost_model is not None and not isinstance(self.cost_model, CostModel):
-            raise ValueError(
-                f"cost_model must be a balancer.CostModel or None, got {type(self.cost_model).__name__}"
-            )
         if self.columns is not None and not isinstance(self.columns, Columns):
             raise ValueError(
                 f"columns must be a loader.schema.Columns or None, got {type(self.columns).__name__}"
-            )
-        if self.planner not in available_methods():
-            raise ValueError(
-                f"planner must be one of {', '.join(map(repr, available_methods()))}, got {self.planner!r} "
-                "(balanced is ours; the others are the reference planners, e.g. naive for an unbalanced run)"
             )
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {self.backend!r}")
@@ -116,8 +98,3 @@ def fingerprint(index: SourceIndex, config: LoaderConfig) -> int:
     decisive["lists"] = [(column, str(t)) for column, t in index.lists]
     return zlib.crc32(json.dumps(decisive, sort_keys=True, default=str).encode())
 
-
-def _positive(key: str, value, alternative: str = "") -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        suffix = f" ({alternative})" if alternative else ""
-        raise ValueError(f"{key} must be a positive integer{suffix}, got {value!r}")

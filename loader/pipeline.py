@@ -31,7 +31,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-import balancer
 from loader.clean import DROP_LAST, REASONS, VALID, UnitMeta
 from loader.config import LoaderConfig
 from loader.nodes import NodeLayout
@@ -240,7 +239,7 @@ class EpochRun:
         locality = {"home": home, "rank_node": self.layout.rank_node} if planned_locally else {}
         started = time.perf_counter()
         try:
-            plan = plan_batch(self.config, lengths, **locality)
+            plan = self.config.plan(lengths, **locality)
         except ValueError as exc:
             raise ValueError(f"step {batch.step}: cannot plan its {len(lengths)} samples: {exc}") from exc
         seconds = time.perf_counter() - started
@@ -264,14 +263,5 @@ def warm_up(config: LoaderConfig) -> None:
             lengths.max() <= config.max_tokens and lengths.sum() <= config.max_tokens * bins
         )
         if fits:
-            plan_batch(config, lengths)
+            config.plan(lengths)
 
-
-def plan_batch(config: LoaderConfig, lengths: np.ndarray, **locality) -> balancer.Plan:
-    """``balancer.plan`` of one batch's lengths with the loader's planner settings (``locality``:
-    ``home`` and ``rank_node``, for the locality-aware plan)."""
-    return balancer.plan(
-        lengths, ranks=config.ranks, microbatches=config.microbatches, cost_model=config.cost_model,
-        max_tokens=config.max_tokens, equal_count=config.equal_count, method=config.planner, seed=config.seed,
-        **locality,
-    )  # fmt: skip

@@ -13,6 +13,7 @@ from analysis.simulate import (Timing, calibrate, load_records, measured_bubble,
 from balancer.cost import CostModel
 from analysis.workloads import sample_lengths
 from freescale.cli import main
+from loader.spec import BatchSpec
 
 
 def test_blocking_schedule_is_exchange_plus_slowest_rank():
@@ -45,7 +46,7 @@ def test_scenarios_order_balance_overlap_and_sm_free_at_1024_ranks():
     lengths = list(sample_lengths("lognormal", 2 * G, max_len=4096, seed=0).reshape(2, G))
     model = CostModel.for_transformer(4, 256, attention="hstu", ffn_mult=0.0)
     timing = Timing(model, 1 / 200e12, 0.0, 1024.0, 25e9, 30e-6)
-    out = run_scenarios(lengths, ranks=R, microbatches=M, timing=timing, plan_cost_model=model,
+    out = run_scenarios(lengths, BatchSpec(ranks=R, microbatches=M, samples_per_step=G, cost_model=model), timing,
                         sm_contention=0.1, ce_contention=0.02)
     naive, balance, overlap, sm_free = (out[k].to_dict() for k in ("naive+blocking", "+balance", "+overlap", "+sm-free"))
     assert balance["straggler"] < 0.5 * naive["straggler"]

@@ -15,7 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import analysis.evaluate
+import balancer
+from analysis.report import HEATMAP_METHODS
 from freescale.cli import main
 from freescale.report import make_report
 from loader import SequenceLoader
@@ -76,15 +77,15 @@ def delivered(data, args: dict):
 
 
 def check_report_equals_delivery(data, args: dict, monkeypatch, methods=METHODS) -> dict:
-    planned = []  # (method, sorted lengths) of every plan evaluate_epoch makes, in order
-    real_plan = analysis.evaluate.plan
+    planned = []  # (method, sorted lengths) of every plan the report makes, in order
+    real_plan = balancer.plan
 
     def spy(lengths, **kwargs):
         planned.append((kwargs["method"], np.sort(np.asarray(lengths))))
         return real_plan(lengths, **kwargs)
 
     with monkeypatch.context() as patch:
-        patch.setattr(analysis.evaluate, "plan", spy)
+        patch.setattr(balancer, "plan", spy)
         report = make_report(data, LoaderConfig(backend="inline", **args), methods=methods)
     steps, stats = delivered(data, args)
     R = args["ranks"]
@@ -104,8 +105,9 @@ def check_report_equals_delivery(data, args: dict, monkeypatch, methods=METHODS)
         sum(R * loads.max(axis=0).sum() - loads.sum() for loads, _ in steps), rel=1e-9)
 
     # every method planned the very batches the loader delivered: same lengths multiset, step by step
-    calls = planned[len(methods):]  # after one warm-up plan per method
-    assert len(calls) == len(steps) * len(methods)
+    calls = planned[len(methods):]  # after one warm-up plan per method; then the worst step's heatmaps
+    assert len(calls) == len(steps) * len(methods) + len(HEATMAP_METHODS)
+    assert [name for name, _ in calls[len(steps) * len(methods):]] == list(HEATMAP_METHODS)
     for k, (_, lengths) in enumerate(steps):
         for i, method in enumerate(methods):
             name, seen = calls[k * len(methods) + i]

@@ -11,11 +11,10 @@ from hypothesis import strategies as st
 
 from freescale.cli import main
 from loader.convert import convert_events
-from loader.sample_data import movielens_ratings_path
+from loader.sample_data import MOVIELENS_COLUMNS, movielens_ratings_path
 from loader.schema import validate_schema
 
 ML = movielens_ratings_path()
-ML_COLUMNS = {"user_col": "userId", "item_col": "movieId", "time_col": "timestamp"}
 
 
 def _read(out) -> pa.Table:
@@ -43,7 +42,7 @@ def ml_reference():
 @pytest.fixture(scope="module")
 def ml_converted(tmp_path_factory):
     out = tmp_path_factory.mktemp("ml")
-    summary = convert_events(ML, out, **ML_COLUMNS, feature_cols=["rating"])
+    summary = convert_events(ML, out, **MOVIELENS_COLUMNS, feature_cols=["rating"])
     return out, summary
 
 
@@ -72,7 +71,7 @@ def test_movielens_layout_and_schema(ml_converted):
 
 
 def test_max_seq_len_keeps_most_recent(tmp_path, ml_reference):
-    summary = convert_events(ML, tmp_path, **ML_COLUMNS, feature_cols=["rating"], max_seq_len=25)
+    summary = convert_events(ML, tmp_path, **MOVIELENS_COLUMNS, feature_cols=["rating"], max_seq_len=25)
     long_users = [u for u, e in ml_reference.items() if len(e) > 25]
     assert summary["users_truncated"] == len(long_users) > 0
     assert summary["events_truncated"] == sum(len(ml_reference[u]) - 25 for u in long_users)
@@ -101,7 +100,7 @@ def test_missing_column_names_file_column_and_present_columns(tmp_path):
                        r".*columns present: userId, movieId, rating, timestamp.*--user-col"):
         convert_events(ML, tmp_path / "out")
     with pytest.raises(ValueError, match=r"ratings.csv: column 'genre' \(the feature column\)"):
-        convert_events(ML, tmp_path / "out", **ML_COLUMNS, feature_cols=["genre"])
+        convert_events(ML, tmp_path / "out", **MOVIELENS_COLUMNS, feature_cols=["genre"])
     assert not (tmp_path / "out").exists()  # checked before anything is written
 
 
@@ -138,9 +137,9 @@ def test_conflicting_column_options(tmp_path):
     with pytest.raises(ValueError, match="must differ"):
         convert_events(ML, tmp_path, user_col="a", item_col="a", time_col="t")
     with pytest.raises(ValueError, match="already the time column"):
-        convert_events(ML, tmp_path, **ML_COLUMNS, feature_cols=["timestamp"])
+        convert_events(ML, tmp_path, **MOVIELENS_COLUMNS, feature_cols=["timestamp"])
     with pytest.raises(ValueError, match="max_seq_len must be >= 1"):
-        convert_events(ML, tmp_path, **ML_COLUMNS, max_seq_len=0)
+        convert_events(ML, tmp_path, **MOVIELENS_COLUMNS, max_seq_len=0)
 
 
 def test_null_rows_counted_per_reason_and_skipped(tmp_path):

@@ -1,0 +1,64 @@
+"""``BatchSpec``: the shape of every step and how it is planned, the one home of the arguments that the loader,
+``freescale plan`` / ``report`` / ``simulate``, the analysis and the trainer share.
+
+A step is ``samples_per_step`` samples cut from the epoch; :meth:`BatchSpec.plan` spreads them over ``ranks``
+x ``microbatches`` bins with ``planner``, costing each sample with ``cost_model`` (``None``: L²), at most
+``max_tokens`` tokens per microbatch, with ``equal_count`` samples per rank (±1) when asked, tie-breaks drawn
+from ``seed``. :class:`loader.config.LoaderConfig` is a ``BatchSpec`` plus how the loader reads and runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+import balancer
+from balancer import CostModel, available_methods
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchSpec:
+    ranks: int
+    microbatches: int
+    samples_per_step: int
+    cost_model: CostModel | None = None
+    max_tokens: int | None = None
+    equal_count: bool = False
+    seed: int = 0
+    planner: str = "balanced"
+
+    def __post_init__(self) -> None:
+        for key in ("ranks", "microbatches", "samples_per_step"):
+            positive(key, getattr(self, key))
+        if self.max_tokens is not None:
+            positive("max_tokens", self.max_tokens, "or None")
+        if not isinstance(self.equal_count, bool):
+            raise ValueError(f"equal_count must be True or False, got {self.equal_count!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed must be an integer in [0, 2**63), got {self.seed!r}")
+        if self.cost_model is not None and not isinstance(self.cost_model, CostModel):
+            raise ValueError(
+                f"cost_model must be a balancer.CostModel or None, got {type(self.cost_model).__name__}"
+            )
+        if self.planner not in available_methods():
+            raise ValueError(
+                f"planner must be one of {', '.join(map(repr, available_methods()))}, got {self.planner!r} "
+                "(balanced is ours; the others are the reference planners, e.g. naive for an unbalanced run)"
+            )
+
+    def plan(self, lengths: np.ndarray, *, method: str | None = None, **locality) -> balancer.Plan:
+        """``balancer.plan`` of one step's ``lengths`` with these settings (``method``: another planner than
+        ``planner``, to compare; ``locality``: ``home`` and ``rank_node``, for the locality-aware plan)."""
+        return balancer.plan(
+            lengths, ranks=self.ranks, microbatches=self.microbatches, cost_model=self.cost_model,
+            max_tokens=self.max_tokens, equal_count=self.equal_count, method=method or self.planner, seed=self.seed,
+            **locality,
+        )  # fmt: skip
+
+
+def positive(key: str, value, alternative: str = "") -> None:
+    """ValueError naming ``key`` unless ``value`` is a positive int (``alternative``: what else it may be)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        suffix = f" ({alternative})" if alternative else ""
+        raise ValueError(f"{key} must be a positive integer{suffix}, got {value!r}")
