@@ -41,7 +41,7 @@ Three parts, one run, one device:
    included). Time of one call = the slowest rank's wall time (a barrier before each call); GB/s = all bytes
    sent by all ranks / that time. **SM baseline:** NCCL cannot run an all-to-all among processes sharing one
    GPU, so the baseline is the same protocol with kernels as the mover: the same gloo count all-gather
-   (``CopyEngineExchange._gather_counts``), the same IPC-mapped receive buffers of the ``ce`` exchange, but
+   (``CopyEngineExchange._gather_counts``, trainer.transport.copy_engine), the same IPC-mapped receive buffers of the ``ce`` exchange, but
    every segment is written into the peer's buffer by the SM copy kernel of part 1, then a stream
    synchronisation and the gloo barrier, then the copy-out of the own buffer by the same kernel (``ce`` uses
    cudaMemcpyAsync for both). Both results are checked equal. Processes on one GPU without MPS time-slice
@@ -233,17 +233,17 @@ class Transfer:
     """One transfer mode: issue() queues one chunk of chunk_bytes on its own stream."""
 
     def __init__(self, mode: str, chunk_bytes: int, device: torch.device, priority: int):
-        from cuda_ext.ce import _new
+        from cuda_ext import bindings
 
         self.mode, self.chunk_bytes = mode, chunk_bytes
-        self.stream = torch.cuda.ExternalStream(_new("fs_stream_create", device.index, priority), device=device)
+        self.stream = torch.cuda.ExternalStream(bindings.stream_create(device.index, priority), device=device)
         words = chunk_bytes // 4
         self.src = torch.randint(-2**31, 2**31 - 1, (words,), dtype=torch.int32, device=device)  # (words,)
         self.dst = torch.empty_like(self.src) if mode in ("sm", "ce_d2d", "staged") else None
         self.host = torch.empty(words, dtype=torch.int32, pin_memory=True) if mode in ("ce_d2h", "staged") else None
 
     def issue(self) -> None:
-        from cuda_ext.ce import cuda_call
+        from cuda_ext.bindings import memcpy_async
 
         if self.mode == "sm":
             with torch.cuda.stream(self.stream):
@@ -251,11 +251,11 @@ class Transfer:
             return
         raw = self.stream.cuda_stream
         if self.mode == "ce_d2d":
-            cuda_call("fs_memcpy_async", self.dst.data_ptr(), self.src.data_ptr(), self.chunk_bytes, raw)
+            memcpy_async(self.dst.data_ptr(), self.src.data_ptr(), self.chunk_bytes, raw)
         else:
-            cuda_call("fs_memcpy_async", self.host.data_ptr(), self.src.data_ptr(), self.chunk_bytes, raw)
+            memcpy_async(self.host.data_ptr(), self.src.data_ptr(), self.chunk_bytes, raw)
             if self.mode == "staged":
-                cuda_call("fs_memcpy_async", self.dst.data_ptr(), self.host.data_ptr(), self.chunk_bytes, raw)
+                memcpy_async(self.dst.data_ptr(), self.host.data_ptr(), self.chunk_bytes, raw)
 
     def alone_gbps(self, chunks: int = 8) -> float:
         self.issue()  # warm-up
@@ -270,10 +270,10 @@ class Transfer:
         return gbps(chunks * self.chunk_bytes, start.elapsed_time(stop) / 1e3)
 
     def close(self) -> None:
-        from cuda_ext.ce import cuda_call
+        from cuda_ext.bindings import stream_destroy
 
         self.stream.synchronize()
-        cuda_call("fs_stream_destroy", self.stream.cuda_stream)
+        stream_destroy(self.stream.cuda_stream)
 
 
 def run_steps(step, steps: int, transfer: Transfer | None = None, chunks: int = 0) -> dict:
@@ -394,7 +394,7 @@ def sm_all_to_all(ex, send: torch.Tensor, send_counts: list[int], recv_counts: l
     """The `ce` protocol with the SM copy kernel as the mover (module docstring, part 2): the same count
     all-gather and IPC-mapped buffers of `ex` (a CopyEngineExchange whose buffers already fit), kernels write
     each segment into the peer's buffer, then synchronise, barrier, and a kernel copies the own buffer out."""
-    from cuda_ext.ce import receive_offsets
+    from trainer.transport.copy_engine import receive_offsets
 
     row_bytes = send.shape[1] * send.element_size()
     total = sum(recv_counts) * row_bytes
@@ -438,7 +438,7 @@ def a2a_worker(rank: int, world: int, port: int, cfg: dict, outdir: str) -> None
     dist.init_process_group("gloo" if stub else "cpu:gloo,cuda:nccl", rank=rank, world_size=world)
     try:
         if stub:
-            from trainer.exchange import TorchExchange
+            from trainer.transport.torch_dist import TorchExchange
 
             device = torch.device("cpu")
             ex = TorchExchange(None, device="cpu")
@@ -447,7 +447,7 @@ def a2a_worker(rank: int, world: int, port: int, cfg: dict, outdir: str) -> None
             def sync():
                 return None
         else:
-            from trainer.exchange import make_exchange
+            from trainer.transport import make_exchange
 
             torch.cuda.set_device(0)
             device = torch.device("cuda", 0)
