@@ -10,24 +10,25 @@ Several starts, each polished by the same local search (``kernels.refine``: lowe
 over its level by the best single move or swap with a lighter bin, until every bin is at its level
 or nothing helps), compete:
 
-- *fill* (no cap, no ``equal_count``): ``runs.deficit_fill`` deals samples, longest first, round-robin
-  over the bins still missing at least their cost. O(1) per sample, no sort; below ``LPT_ONLY_SAMPLES``.
-- *lpt* (always): capped LPT onto identical bins (``runs.ring_lpt``), so ``balanced`` is never worse than
-  ``lpt`` (the winner may not have a higher peak than this start); the only start from
+- *fill* (no cap, no ``equal_count``): ``kernels.runs.deficit_fill`` deals samples, longest first,
+  round-robin over the bins still missing at least their cost. O(1) per sample, no sort; below
+  ``LPT_ONLY_SAMPLES``.
+- *lpt* (always): capped LPT onto identical bins (``kernels.runs.ring_lpt``), so ``balanced`` is never worse
+  than ``lpt`` (the winner may not have a higher peak than this start); the only start from
   ``LPT_ONLY_SAMPLES`` on.
 - *columns* (a sample above the mean bin cost, ``equal_count`` below ``LPT_ONLY_SAMPLES`` samples, or
   < ``FILL_ONLY_PER_BIN`` samples per bin): LPT onto the water-filled levels.
-- *column fill* (same cases, while N * R * M is small): ``colfill.column_fill`` fills slot 0 of every
-  rank first fit up to the costliest sample, then slot 1 with what is left, and so on; several large
-  samples share a slot-0 bin, so later slots hold only small ones (the lockstep optimum where a few
+- *column fill* (same cases, while N * R * M is small): ``kernels.colfill.column_fill`` fills slot 0 of
+  every rank first fit up to the costliest sample, then slot 1 with what is left, and so on; several
+  large samples share a slot-0 bin, so later slots hold only small ones (the lockstep optimum where a few
   samples cost more than a mean bin, which the water-filled levels miss).
 - *zigzag* (same cases): samples dealt to ranks in serpentine order (equal counts, a similar mix per
   rank), then packed into each rank's microbatches (least-loaded under the cap, or first-fit decreasing
   when that finds no room): the start that keeps tight caps with ``equal_count`` feasible.
 
-After the local search, ``exchange.exchange`` swaps one sample of a bin still over its level for a set
+After the local search, ``kernels.exchange`` swaps one sample of a bin still over its level for a set
 of a lighter bin's samples, which reaches slivers no single move or swap can. Flat starts then go
-through ``tighten.tighten``: the peak bin swaps one or two of its smallest samples for one or two of
+through ``kernels.tighten``: the peak bin swaps one or two of its smallest samples for one or two of
 the lightest bin's, worth about half their gap, down to the last cost unit (the refine tolerance
 leaves large batches up to 1e-4 over the mean; ``kk``'s differencing gets within ~1e-9).
 The local search has a work budget linear in N (``REFINE_WORK_PER_SAMPLE``), so planning stays O(N)
@@ -51,14 +52,16 @@ from functools import cached_property
 
 import numpy as np
 
-from balancer.colfill import column_fill
-from balancer.exchange import exchange
-from balancer.kernels import lpt_assign, pack_within_ranks, refine
+from balancer.kernels.assign import lpt_assign, pack_within_ranks
+from balancer.kernels.colfill import column_fill
+from balancer.kernels.common import Rules
+from balancer.kernels.exchange import exchange
+from balancer.kernels.refine import bin_thresholds, refine
+from balancer.kernels.runs import deficit_fill, spread_runs
+from balancer.kernels.tighten import tighten
 from balancer.lpt import flat_lpt_bins
 from balancer.metrics import lockstep_bubble
 from balancer.registry import Problem, register
-from balancer.runs import deficit_fill, spread_runs
-from balancer.tighten import tighten
 from balancer.zigzag import serpentine
 
 # Accepted refinement steps per bin before giving up on the last tiny gains.
@@ -167,12 +170,10 @@ class _Starts:
     def run(self, name: str) -> Candidate | None:
         """The named start, refined and laid out; None where it found no plan within the constraints."""
         p = self.problem
-        quotas, lo, n_extra = p.quotas()
         columns, levels = self.flat_columns, self.flat_level
         if name == "fill":
-            run_len, run_count, run_cost = p.runs
-            placed = deficit_fill(run_len, run_count, run_cost, p.n_bins, self.mean)
-            bins = spread_runs(p.lengths, run_len, run_count, placed, p.seed)
+            placed = deficit_fill(p.runs, p.n_bins, self.mean)
+            bins = spread_runs(p.lengths, p.runs, placed, p.seed)
         elif name == "lpt":
             try:
                 bins = flat_lpt_bins(p)
@@ -182,14 +183,12 @@ class _Starts:
             self.ceiling = _peak(p, bins)
         elif name == "columns":
             columns, levels = self.columns, self.levels
-            bins = lpt_assign(self.order, p.costs, p.lengths, p.microbatches, columns, levels, p.token_cap(),
-                              quotas, lo, n_extra)
+            bins = lpt_assign(self.order, p.costs, p.lengths, columns, levels, p.rules)
         elif name == "zigzag":
             columns, levels = self.columns, self.levels
             bins = _zigzag_start(p, self.order)
         else:
-            bins, fill_levels = column_fill(self.order, p.costs, p.lengths, p.ranks, p.microbatches, p.token_cap(),
-                                            quotas, lo, n_extra)
+            bins, fill_levels = column_fill(self.order, p.costs, p.lengths, p.ranks, p.rules)
             columns, levels = self.columns, positive_levels(fill_levels)
         if bins is None or np.any(bins < 0):
             return None
@@ -233,8 +232,7 @@ def _zigzag_start(problem: Problem, order: np.ndarray) -> np.ndarray | None:
     rank = np.empty(problem.n, dtype=np.int64)
     rank[order] = serpentine(np.arange(problem.n, dtype=np.int64), problem.ranks)
     for first_fit in (False, True):
-        bins = pack_within_ranks(order, rank, problem.costs, problem.lengths, problem.microbatches,
-                                 problem.token_cap(), first_fit)
+        bins = pack_within_ranks(order, rank, problem.costs, problem.lengths, problem.rules, first_fit)
         if np.all(bins >= 0):
             return bins
         if problem.max_tokens is None:
@@ -244,17 +242,14 @@ def _zigzag_start(problem: Problem, order: np.ndarray) -> np.ndarray | None:
 
 def refined(problem: Problem, bins: np.ndarray, columns: np.ndarray, levels: np.ndarray,
              costliest: float) -> np.ndarray:
-    quotas, lo, n_extra = problem.quotas()
+    rules = problem.rules
+    threshold = bin_thresholds(levels[columns], REFINE_TOLERANCE, costliest)
     work = REFINE_WORK_PER_SAMPLE * max(problem.n, problem.n_bins)
-    refine(
-        bins, problem.costs, problem.lengths, problem.microbatches, columns, levels, problem.token_cap(),
-        quotas, lo, n_extra, REFINE_STEPS_PER_BIN * problem.n_bins, work, REFINE_TOLERANCE, costliest,
-    )
-    exchange(bins, problem.costs, problem.lengths, problem.microbatches, columns, levels, problem.token_cap(),
-             quotas, REFINE_TOLERANCE, costliest, work)
+    refine(bins, problem.costs, problem.lengths, threshold, rules, REFINE_STEPS_PER_BIN * problem.n_bins, work)
+    exchange(bins, problem.costs, problem.lengths, threshold, rules, work)
     if levels.shape[0] == 1:
-        tighten(bins, problem.costs, problem.lengths, problem.n_bins, problem.microbatches, problem.token_cap(),
-                quotas, float(levels[0]), TIGHTEN_STEPS_PER_BIN * problem.n_bins)
+        tighten(bins, problem.costs, problem.lengths, problem.n_bins, rules, float(levels[0]),
+                TIGHTEN_STEPS_PER_BIN * problem.n_bins)
     return bins
 
 
@@ -294,4 +289,5 @@ def _group_bins_into_ranks(loads: np.ndarray, ranks: int, microbatches: int) -> 
     order = np.lexsort((np.arange(loads.shape[0]), -loads))
     ones = np.ones(loads.shape[0], dtype=np.int64)
     # LPT with ranks as the bins (one column, level 1) and a quota of exactly M bins per rank
-    return lpt_assign(order, loads, ones, 1, np.zeros(ranks, dtype=np.int64), np.ones(1), 0, True, microbatches, 0)
+    rules = Rules(1, 0, True, microbatches, 0)
+    return lpt_assign(order, loads, ones, np.zeros(ranks, dtype=np.int64), np.ones(1), rules)

@@ -3,30 +3,26 @@
 Samples, longest first, each go to the least-loaded bin that can still take them: the token cap must
 hold and, with ``equal_count``, the bin's rank must be under its sample quota (capped LPT).
 Bin b is rank ``b // M``, microbatch ``b % M``. The bins are identical, so LPT runs over runs of
-equal length (``runs.ring_lpt``).
+equal length (``kernels.runs.ring_lpt``).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from balancer.kernels.runs import ring_lpt, spread_runs
 from balancer.registry import Problem, register
-from balancer.runs import ring_lpt, spread_runs
 
 
 def flat_lpt_bins(problem: Problem) -> np.ndarray:
     """Bin id of every sample (int64 (N,)) by LPT onto identical bins. ValueError when the
     constraints leave a sample nowhere."""
-    run_len, run_count, run_cost = problem.runs
-    quotas, lo, n_extra = problem.quotas()
-    placed = ring_lpt(
-        run_len, run_count, run_cost, problem.n_bins, problem.microbatches,
-        problem.token_cap(), quotas, lo, n_extra,
-    )
+    runs = problem.runs
+    placed = ring_lpt(runs, problem.n_bins, problem.rules)
     if placed.size and placed[-1] < 0:
-        length = np.repeat(run_len, run_count)[np.argmax(placed < 0)]
+        length = np.repeat(runs.lengths, runs.counts)[np.argmax(placed < 0)]
         _raise_unplaced(problem, int(np.argmax(problem.lengths == length)))
-    return spread_runs(problem.lengths, run_len, run_count, placed, problem.seed)
+    return spread_runs(problem.lengths, runs, placed, problem.seed)
 
 
 def _raise_unplaced(problem: Problem, i: int) -> None:

@@ -15,7 +15,8 @@ An empty batch (total cost 0) has ratios of 1 and bubbles of 0: nothing waits on
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from balancer.kernels.totals import summary
 
 
 def lockstep_bubble(loads: np.ndarray) -> float:
@@ -33,7 +34,7 @@ def balance_metrics(loads: np.ndarray, tokens: np.ndarray, counts: np.ndarray, *
                     max_tokens: int | None = None) -> dict:
     """Metrics from per-bin loads/tokens/counts, each (R, M)."""
     ranks, microbatches = loads.shape
-    total, peak, lockstep, rank_max, violations, tokens_max, per_rank_min, per_rank_max = _summary(
+    total, peak, lockstep, rank_max, violations, tokens_max, per_rank_min, per_rank_max = summary(
         loads, tokens, counts, -1 if max_tokens is None else max_tokens)
     mean = total / loads.size if loads.size else 0.0
     lower_bound = max(mean, float(max_single_cost))
@@ -51,57 +52,3 @@ def balance_metrics(loads: np.ndarray, tokens: np.ndarray, counts: np.ndarray, *
         "ranks": ranks,
         "microbatches": microbatches,
     }
-
-
-@njit(cache=True, nogil=True)
-def _summary(loads, tokens, counts, max_tokens):
-    """One pass over (R, M) bins: total and peak cost, lockstep time ``sum_j max_r C[r, j]``, the costliest
-    rank total, bins over ``max_tokens`` (< 0: no cap), the most tokens in a bin, fewest and most samples
-    in a rank."""
-    ranks, microbatches = loads.shape
-    lockstep = 0.0
-    for j in range(microbatches):
-        column_max = 0.0
-        for r in range(ranks):
-            column_max = max(column_max, loads[r, j])
-        lockstep += column_max
-    total = peak = rank_max = 0.0
-    violations = tokens_max = per_rank_max = 0
-    per_rank_min = np.iinfo(np.int64).max
-    for r in range(ranks):
-        rank_total, rank_count = 0.0, 0
-        for j in range(microbatches):
-            rank_total += loads[r, j]
-            rank_count += counts[r, j]
-            peak = max(peak, loads[r, j])
-            tokens_max = max(tokens_max, tokens[r, j])
-            if 0 <= max_tokens < tokens[r, j]:
-                violations += 1
-        total += rank_total
-        rank_max = max(rank_max, rank_total)
-        per_rank_min = min(per_rank_min, rank_count)
-        per_rank_max = max(per_rank_max, rank_count)
-    return total, peak, lockstep, rank_max, violations, tokens_max, per_rank_min, per_rank_max
-
-
-@njit(cache=True, nogil=True)
-def bin_totals(rank, microbatch, costs, lengths, ranks, microbatches):
-    """Cost (float64), tokens and samples (int64) of every bin, each (R, M), from each sample's ``rank`` and
-    ``microbatch`` (N,); costs add up in sample order, as ``bin_totals_ref``'s ``np.bincount`` does."""
-    loads = np.zeros((ranks, microbatches))
-    tokens = np.zeros((ranks, microbatches), dtype=np.int64)
-    counts = np.zeros((ranks, microbatches), dtype=np.int64)
-    for i in range(rank.shape[0]):
-        loads[rank[i], microbatch[i]] += costs[i]
-        tokens[rank[i], microbatch[i]] += lengths[i]
-        counts[rank[i], microbatch[i]] += 1
-    return loads, tokens, counts
-
-
-def bin_totals_ref(rank, microbatch, costs, lengths, ranks, microbatches):
-    """Plain twin of ``bin_totals``."""
-    bins = rank.astype(np.int64) * microbatches + microbatch
-    shape = (ranks, microbatches)
-    return (np.bincount(bins, weights=costs, minlength=ranks * microbatches).reshape(shape),
-            np.bincount(bins, weights=lengths, minlength=ranks * microbatches).astype(np.int64).reshape(shape),
-            np.bincount(bins, minlength=ranks * microbatches).astype(np.int64).reshape(shape))

@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from balancer.cost import DEFAULT_COST_MODEL, CostModel
+from balancer.kernels.totals import bin_totals
 from balancer.locality import crossing, plan_local, validate_layout
-from balancer.metrics import balance_metrics, bin_totals
+from balancer.metrics import balance_metrics
 from balancer.registry import Problem, get_planner
 
 # Planners that honour ``max_tokens`` and ``equal_count``; the others are reference baselines that

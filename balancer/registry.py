@@ -14,8 +14,9 @@ from typing import Callable
 import numpy as np
 
 from balancer.cost import DEFAULT_COST_MODEL, CostModel
-from balancer.kernels import order_by_length_desc
-from balancer.runs import length_runs
+from balancer.kernels.common import Rules
+from balancer.kernels.order import order_by_length_desc
+from balancer.kernels.runs import Runs, length_runs
 
 
 @dataclass(frozen=True)
@@ -39,19 +40,19 @@ class Problem:
     def n_bins(self) -> int:
         return self.ranks * self.microbatches
 
-    def quotas(self) -> tuple[bool, int, int]:
-        """Per-rank sample quotas for ``equal_count``: (enabled, lo, n_extra); ``n_extra`` ranks get lo + 1."""
-        return self.equal_count, self.n // self.ranks, self.n % self.ranks
-
-    def token_cap(self) -> int:
-        return int(self.max_tokens) if self.max_tokens is not None else 0
+    @cached_property
+    def rules(self) -> Rules:
+        """The kernels' constraints: the token cap (0: none) and, with ``equal_count``, per-rank quotas of
+        ``lo = N // R`` samples, ``lo + 1`` for ``N % R`` ranks."""
+        token_cap = int(self.max_tokens) if self.max_tokens is not None else 0
+        return Rules(self.microbatches, token_cap, self.equal_count, self.n // self.ranks, self.n % self.ranks)
 
     @cached_property
-    def runs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Distinct lengths, longest first, their counts and their costs: int64, int64, float64 (K,).
-        Computed once per problem (every run-length start reads them)."""
+    def runs(self) -> Runs:
+        """Distinct lengths, longest first, their counts and their costs. Computed once per problem (every
+        run-length start reads them)."""
         run_len, run_count = length_runs(self.lengths)
-        return run_len, run_count, self.cost_model.cost(run_len)
+        return Runs(run_len, run_count, self.cost_model.cost(run_len))
 
     def longest_first(self) -> np.ndarray:
         """Sample indices sorted by length, longest first; ties in a seeded random order. int64 (N,)."""

@@ -1,23 +1,29 @@
-"""Every numba kernel against its plain-Python twin: identical output on random inputs."""
+"""Every numba kernel against its plain-Python twin: identical output on random inputs; where the kernels live."""
+
+import ast
+from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from balancer import colfill as C
-from balancer import exchange as X
-from balancer import metrics as M
-from balancer import kernels as K
 from balancer.balanced import column_levels
+from balancer.kernels import assign as A
+from balancer.kernels import colfill as C
+from balancer.kernels import exchange as X
+from balancer.kernels import order as O
+from balancer.kernels import refine as R
+from balancer.kernels import totals as T
+from balancer.kernels.common import Rules
 
 
 @given(st.lists(st.integers(1, 40), max_size=60), st.integers(0, 2**63 - 1))
 @settings(max_examples=60, deadline=None)
 def test_order_by_length_desc_matches_reference(lengths, seed):
     lengths = np.asarray(lengths, dtype=np.int64)
-    got = K.order_by_length_desc(lengths, seed)
-    np.testing.assert_array_equal(got, K.order_by_length_desc_ref(lengths, seed))
+    got = O.order_by_length_desc(lengths, seed)
+    np.testing.assert_array_equal(got, O.order_by_length_desc_ref(lengths, seed))
     assert sorted(got.tolist()) == list(range(len(lengths)))
     assert np.all(np.diff(lengths[got]) <= 0)
 
@@ -27,12 +33,12 @@ def test_order_by_length_desc_matches_reference(lengths, seed):
 def test_order_by_length_desc_radix_passes_match_reference(lengths, seed):
     # lengths far above the sample count take the radix path: one, two or three 11-bit passes
     lengths = np.asarray(lengths, dtype=np.int64)
-    np.testing.assert_array_equal(K.order_by_length_desc(lengths, seed), K.order_by_length_desc_ref(lengths, seed))
+    np.testing.assert_array_equal(O.order_by_length_desc(lengths, seed), O.order_by_length_desc_ref(lengths, seed))
 
 
 def test_order_tiebreak_depends_on_seed():
     lengths = np.full(50, 7, dtype=np.int64)
-    assert not np.array_equal(K.order_by_length_desc(lengths, 1), K.order_by_length_desc(lengths, 2))
+    assert not np.array_equal(O.order_by_length_desc(lengths, 1), O.order_by_length_desc(lengths, 2))
 
 
 def _problem(data, n_max=40, max_ranks=4):
@@ -50,7 +56,7 @@ def _problem(data, n_max=40, max_ranks=4):
 def _columns(data, lengths, costs, ranks, microbatches):
     n_bins = ranks * microbatches
     if data.draw(st.booleans()) and lengths.size:
-        order = K.order_by_length_desc(lengths, 0)
+        order = O.order_by_length_desc(lengths, 0)
         return np.arange(n_bins, dtype=np.int64) % microbatches, column_levels(costs[order], ranks, microbatches)
     return np.zeros(n_bins, dtype=np.int64), np.array([max(costs.sum() / n_bins, 1.0)])
 
@@ -60,23 +66,23 @@ def _columns(data, lengths, costs, ranks, microbatches):
 def test_lpt_assign_matches_reference(data):
     ranks, microbatches, lengths, costs, cap, quotas = _problem(data)
     column_of_bin, levels = _columns(data, lengths, costs, ranks, microbatches)
-    order = K.order_by_length_desc(lengths, data.draw(st.integers(0, 1000)))
-    lo, n_extra = len(lengths) // ranks, len(lengths) % ranks
-    args = (order, costs, lengths, microbatches, column_of_bin, levels, cap, quotas, lo, n_extra)
-    np.testing.assert_array_equal(K.lpt_assign(*args), K.lpt_assign_ref(*args))
+    order = O.order_by_length_desc(lengths, data.draw(st.integers(0, 1000)))
+    rules = Rules(microbatches, cap, quotas, len(lengths) // ranks, len(lengths) % ranks)
+    args = (order, costs, lengths, column_of_bin, levels, rules)
+    np.testing.assert_array_equal(A.lpt_assign(*args), A.lpt_assign_ref(*args))
 
 
 def _lpt_start(data, max_ranks):
-    """A random problem and its LPT start: (problem, columns, levels, lo, n_extra, start), or None when
-    there are no samples or the cap leaves no room (plan() reports that)."""
+    """A random problem and its LPT start: (problem, columns, levels, rules, start), or None when there are
+    no samples or the cap leaves no room (plan() reports that)."""
     problem = ranks, microbatches, lengths, costs, cap, quotas = _problem(data, n_max=120, max_ranks=max_ranks)
     if lengths.size == 0:
         return None
     column_of_bin, levels = _columns(data, lengths, costs, ranks, microbatches)
-    order = K.order_by_length_desc(lengths, 0)
-    lo, n_extra = len(lengths) // ranks, len(lengths) % ranks
-    start = K.lpt_assign(order, costs, lengths, microbatches, column_of_bin, levels, cap, quotas, lo, n_extra)
-    return None if np.any(start < 0) else (problem, column_of_bin, levels, lo, n_extra, start)
+    order = O.order_by_length_desc(lengths, 0)
+    rules = Rules(microbatches, cap, quotas, len(lengths) // ranks, len(lengths) % ranks)
+    start = A.lpt_assign(order, costs, lengths, column_of_bin, levels, rules)
+    return None if np.any(start < 0) else (problem, column_of_bin, levels, rules, start)
 
 
 @given(st.data())
@@ -86,17 +92,15 @@ def test_refine_matches_reference_and_never_worsens(data):
     drawn = _lpt_start(data, max_ranks=16)
     if drawn is None:
         return
-    (ranks, microbatches, lengths, costs, cap, quotas), column_of_bin, levels, lo, n_extra, start = drawn
+    (ranks, microbatches, lengths, costs, cap, quotas), column_of_bin, levels, rules, start = drawn
     fast, slow = start.copy(), start.copy()
     tolerance = data.draw(st.sampled_from([0.0, 1e-3]))
     # a work budget stops the kernel early, on the path of the unbudgeted search
     max_work = data.draw(st.sampled_from([1 << 62, 0, 50, 500]))
-    tail = (tolerance, float(costs.max()))
-    steps = K.refine(fast, costs, lengths, microbatches, column_of_bin, levels, cap, quotas, lo, n_extra, 10_000,
-                     max_work, *tail)
+    threshold = R.bin_thresholds(levels[column_of_bin], tolerance, float(costs.max()))
+    steps = R.refine(fast, costs, lengths, threshold, rules, 10_000, max_work)
     max_iters = 10_000 if max_work == 1 << 62 else steps
-    assert steps == K.refine_ref(slow, costs, lengths, microbatches, column_of_bin, levels, cap, quotas, lo, n_extra,
-                                 max_iters, *tail)
+    assert steps == R.refine_ref(slow, costs, lengths, threshold, rules, max_iters)
     np.testing.assert_array_equal(fast, slow)
     n_bins = ranks * microbatches
     level = levels[column_of_bin]
@@ -121,7 +125,7 @@ def test_lpt_assign_reports_unplaceable_item():
     lengths = np.array([5, 5, 5], dtype=np.int64)
     costs = lengths.astype(np.float64)
     order = np.arange(3, dtype=np.int64)
-    bins = K.lpt_assign(order, costs, lengths, 1, np.zeros(2, dtype=np.int64), np.ones(1), 6, False, 0, 0)
+    bins = A.lpt_assign(order, costs, lengths, np.zeros(2, dtype=np.int64), np.ones(1), Rules(1, 6, False, 0, 0))
     assert (bins >= 0).sum() == 2 and bins[2] == -1
 
 
@@ -131,19 +135,18 @@ def test_exchange_matches_reference_and_only_lowers_bins_over_threshold(data):
     drawn = _lpt_start(data, max_ranks=8)
     if drawn is None:
         return
-    (ranks, microbatches, lengths, costs, cap, quotas), column_of_bin, levels, lo, n_extra, start = drawn
+    (ranks, microbatches, lengths, costs, cap, quotas), column_of_bin, levels, rules, start = drawn
     tolerance = data.draw(st.sampled_from([0.0, 1e-3]))
     exact = float(costs.max())
+    threshold = R.bin_thresholds(levels[column_of_bin], tolerance, exact)
     if data.draw(st.booleans()):  # usually after refine, as balanced calls it
-        K.refine(start, costs, lengths, microbatches, column_of_bin, levels, cap, quotas, lo, n_extra, 10_000,
-                 1 << 62, tolerance, exact)
+        R.refine(start, costs, lengths, threshold, rules, 10_000, 1 << 62)
     fast, slow = start.copy(), start.copy()
-    args = (costs, lengths, microbatches, column_of_bin, levels, cap, quotas, tolerance, exact)
+    args = (costs, lengths, threshold, rules)
     done = X.exchange(fast, *args, 1 << 62)
     assert done == X.exchange_ref(slow, *args)
     np.testing.assert_array_equal(fast, slow)
     n_bins = ranks * microbatches
-    threshold = K.bin_thresholds(levels[column_of_bin], tolerance, exact)
     before = np.bincount(start, weights=costs, minlength=n_bins) - threshold
     after = np.bincount(fast, weights=costs, minlength=n_bins) - threshold
     eps = 1e-9 * max(exact, 1.0)
@@ -164,8 +167,8 @@ def test_exchange_fixes_a_bin_no_single_swap_can():
     lengths = np.array([10, 10, 6, 6, 3, 3, 3, 2, 2, 1], dtype=np.int64)
     costs = lengths.astype(np.float64) ** 2
     bins = np.array([0, 0, 1, 1, 1, 1, 1, 1, 1, 1], dtype=np.int64)
-    level = np.array([costs.sum() / 2])
-    done = X.exchange(bins, costs, lengths, 2, np.zeros(2, dtype=np.int64), level, 0, False, 0.0, 100.0, 1 << 62)
+    threshold = R.bin_thresholds(np.full(2, costs.sum() / 2), 0.0, 100.0)
+    done = X.exchange(bins, costs, lengths, threshold, Rules(2, 0, False, 0, 0), 1 << 62)
     assert done == 1
     np.testing.assert_array_equal(np.bincount(bins, weights=costs), [154.0, 154.0])
 
@@ -175,8 +178,8 @@ def test_exchange_leaves_a_bin_it_cannot_bring_down():
     lengths = np.array([10, 1, 1, 3], dtype=np.int64)
     costs = lengths.astype(np.float64) ** 2
     bins = np.array([0, 0, 0, 1], dtype=np.int64)
-    level = np.array([costs.sum() / 2])
-    assert X.exchange(bins, costs, lengths, 2, np.zeros(2, dtype=np.int64), level, 0, False, 0.0, 100.0, 1 << 62) == 0
+    threshold = R.bin_thresholds(np.full(2, costs.sum() / 2), 0.0, 100.0)
+    assert X.exchange(bins, costs, lengths, threshold, Rules(2, 0, False, 0, 0), 1 << 62) == 0
     np.testing.assert_array_equal(bins, [0, 0, 0, 1])
 
 
@@ -184,9 +187,8 @@ def test_exchange_leaves_a_bin_it_cannot_bring_down():
 @settings(max_examples=150, deadline=None)
 def test_column_fill_matches_reference_and_keeps_constraints(data):
     ranks, microbatches, lengths, costs, cap, quotas = _problem(data, n_max=120, max_ranks=8)
-    order = K.order_by_length_desc(lengths, data.draw(st.integers(0, 1000)))
-    lo, n_extra = len(lengths) // ranks, len(lengths) % ranks
-    args = (order, costs, lengths, ranks, microbatches, cap, quotas, lo, n_extra)
+    order = O.order_by_length_desc(lengths, data.draw(st.integers(0, 1000)))
+    args = (order, costs, lengths, ranks, Rules(microbatches, cap, quotas, len(lengths) // ranks, len(lengths) % ranks))
     bins, levels = C.column_fill(*args)
     bins_ref, levels_ref = C.column_fill_ref(*args)
     np.testing.assert_array_equal(bins, bins_ref)
@@ -214,7 +216,7 @@ def test_column_fill_sends_what_the_cap_keeps_out_of_the_last_slot_to_any_bin_wi
     # reached), and the last 1 goes back to slot 0, the only bin with room
     lengths = np.array([8, 6, 4, 1], dtype=np.int64)
     costs = lengths.astype(np.float64) ** 2
-    bins, _ = C.column_fill(np.arange(4, dtype=np.int64), costs, lengths, 1, 2, 10, False, 0, 0)
+    bins, _ = C.column_fill(np.arange(4, dtype=np.int64), costs, lengths, 1, Rules(2, 10, False, 0, 0))
     np.testing.assert_array_equal(bins, [0, 1, 1, 0])
 
 
@@ -224,7 +226,7 @@ def test_column_fill_puts_large_samples_together_in_slot_zero():
     lengths = np.array([10, 60, 40, 5, 5], dtype=np.int64)
     costs = np.array([100.0, 60.0, 40.0, 5.0, 5.0])
     order = np.arange(5, dtype=np.int64)
-    bins, levels = C.column_fill(order, costs, lengths, 2, 2, 0, False, 0, 0)
+    bins, levels = C.column_fill(order, costs, lengths, 2, Rules(2, 0, False, 0, 0))
     np.testing.assert_array_equal(bins, [0, 2, 2, 1, 3])
     np.testing.assert_array_equal(levels, [100.0, 5.0])
 
@@ -240,5 +242,22 @@ def test_bin_totals_match_reference(data):
     microbatch = np.asarray(data.draw(st.lists(st.integers(0, microbatches - 1), min_size=n, max_size=n)),
                             dtype=np.int32)
     args = (rank, microbatch, costs, lengths, ranks, microbatches)
-    for got, ref in zip(M.bin_totals(*args), M.bin_totals_ref(*args)):
+    for got, ref in zip(T.bin_totals(*args), T.bin_totals_ref(*args)):
         np.testing.assert_array_equal(got, ref)
+
+
+def test_numba_code_lives_in_kernels_and_no_module_imports_private_names():
+    # balancer's numba code is balancer/kernels/ alone; its modules share helpers through public names only
+    root = Path(__file__).resolve().parents[2] / "balancer"
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported = [(alias.name, None) for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                imported = [(node.module, alias.name) for alias in node.names]
+            else:
+                continue
+            for module, name in imported:
+                top = module.split(".")[0]
+                assert top != "numba" or path.parent == root / "kernels", f"{path}: numba outside balancer/kernels"
+                assert top != "balancer" or not (name or "").startswith("_"), f"{path}: imports {module}.{name}"

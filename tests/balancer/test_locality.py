@@ -9,8 +9,10 @@ from hypothesis import strategies as st
 
 from balancer import CostModel, plan
 from balancer import locality as Loc
-from balancer.colfill import column_fill_grouped, column_fill_grouped_ref
-from balancer.kernels import order_by_length_desc
+from balancer.kernels import locality as K
+from balancer.kernels.colfill import column_fill_grouped, column_fill_grouped_ref
+from balancer.kernels.common import Rules
+from balancer.kernels.order import order_by_length_desc
 from analysis.workloads import sample_lengths
 
 COST = CostModel(quadratic=1.0, linear=8.0, constant=1.0)
@@ -157,7 +159,7 @@ def test_settle_moves_equal_lengths_home_and_keeps_every_bin():
     rank = np.array([0, 0, 1, 1, 0, 1], dtype=np.int64)  # the four 5s all on the wrong node
     slot = np.array([0, 1, 0, 1, 0, 0], dtype=np.int64)
     order = order_by_length_desc(lengths, 0)
-    Loc.settle(order, lengths, home, rank_node, rank, slot)
+    K.settle(order, lengths, home, rank_node, rank, slot)
     assert np.all(rank_node[rank[:4]] == home[:4])
     assert sorted(zip(rank[:4], slot[:4])) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     np.testing.assert_array_equal(rank[4:], [0, 1])  # unique lengths stay
@@ -176,8 +178,8 @@ def test_settle_matches_reference(data):
     slot = np.asarray(data.draw(st.lists(st.integers(0, 2), min_size=n, max_size=n)), dtype=np.int64)
     order = order_by_length_desc(lengths, data.draw(st.integers(0, 100)))
     got_rank, got_slot, ref_rank, ref_slot = rank.copy(), slot.copy(), rank.copy(), slot.copy()
-    Loc.settle(order, lengths, home, rank_node, got_rank, got_slot)
-    Loc.settle_ref(order, lengths, home, rank_node, ref_rank, ref_slot)
+    K.settle(order, lengths, home, rank_node, got_rank, got_slot)
+    K.settle_ref(order, lengths, home, rank_node, ref_rank, ref_slot)
     np.testing.assert_array_equal(got_rank, ref_rank)
     np.testing.assert_array_equal(got_slot, ref_slot)
     # every bin keeps its multiset of lengths
@@ -203,8 +205,9 @@ def test_swap_home_matches_reference_and_raises_no_bound(data):
     order = order_by_length_desc(lengths, data.draw(st.integers(0, 100)))
     args = (order, costs, lengths, home, rank_node)
     got_rank, got_slot, ref_rank, ref_slot = rank.copy(), slot.copy(), rank.copy(), slot.copy()
-    swaps = Loc.swap_home(*args, got_rank, got_slot, M, cap)
-    assert swaps == Loc.swap_home_ref(*args, ref_rank, ref_slot, M, cap)
+    rules = Rules(M, cap, False, 0, 0)
+    swaps = K.swap_home(*args, got_rank, got_slot, rules)
+    assert swaps == K.swap_home_ref(*args, ref_rank, ref_slot, rules)
     np.testing.assert_array_equal(got_rank, ref_rank)
     np.testing.assert_array_equal(got_slot, ref_slot)
 
@@ -237,8 +240,9 @@ def test_split_nodes_matches_reference(data):
     order = order_by_length_desc(lengths, 0)
     density = np.argsort(-costs / lengths, kind="stable")
     quotas, lo = data.draw(st.booleans()), n // int(node_ranks.sum())
-    node = Loc.split_nodes(order, density, costs, home, node_ranks, quotas, lo)
-    np.testing.assert_array_equal(node, Loc.split_nodes_ref(order, density, costs, home, node_ranks, quotas, lo))
+    args = (order, density, costs, home, node_ranks, Rules(1, 0, quotas, lo, 0))
+    node = K.split_nodes(*args)
+    np.testing.assert_array_equal(node, K.split_nodes_ref(*args))
     assert np.all(node_ranks[node] > 0)  # only nodes with ranks get samples
     if quotas and costs.max() <= costs.sum() / node_ranks.sum():  # no giant: every count in its range
         count = np.bincount(node, minlength=node_ranks.size)
@@ -262,7 +266,7 @@ def test_column_fill_grouped_matches_reference(data):
     group = np.asarray(data.draw(st.lists(st.integers(0, group_start.size - 2), min_size=n, max_size=n)),
                        dtype=np.int64)
     order = order_by_length_desc(lengths, data.draw(st.integers(0, 100)))
-    args = (order, costs, lengths, R, M, cap, quotas, n // R, n % R, group, group_start)
+    args = (order, costs, lengths, R, Rules(M, cap, quotas, n // R, n % R), group, group_start)
     bins, levels = column_fill_grouped(*args)
     bins_ref, levels_ref = column_fill_grouped_ref(*args)
     np.testing.assert_array_equal(bins, bins_ref)
@@ -275,7 +279,7 @@ def test_grouped_column_fill_keeps_samples_in_their_group_while_it_has_room():
     lengths = np.array([4, 3, 2, 2], dtype=np.int64)
     costs = lengths.astype(np.float64)
     order = np.arange(4, dtype=np.int64)
-    bins, _ = column_fill_grouped(order, costs, lengths, 2, 1, 0, False, 0, 0, np.array([1, 0, 1, 1]),
+    bins, _ = column_fill_grouped(order, costs, lengths, 2, Rules(1, 0, False, 0, 0), np.array([1, 0, 1, 1]),
                                   np.array([0, 1, 2]))
     np.testing.assert_array_equal(bins, [1, 0, 0, 1])
 

@@ -1,11 +1,14 @@
-"""The run-length fast path (balancer.runs) and the in-rank packer against their plain twins."""
+"""The run-length fast path (balancer.kernels.runs) and the in-rank packer against their plain twins."""
 
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from balancer import kernels as K
-from balancer import runs
+from balancer.kernels import runs
+from balancer.kernels.assign import pack_within_ranks, pack_within_ranks_ref
+from balancer.kernels.common import Rules
+from balancer.kernels.order import order_by_length_desc
+from balancer.kernels.runs import Runs
 
 
 def _lengths(data, n_max=60, l_max=30):
@@ -35,7 +38,7 @@ def test_ring_lpt_matches_reference_and_keeps_constraints(data):
         cap = int(max(lengths.max(), np.ceil(data.draw(st.sampled_from([1.0, 1.2, 2.0])) * lengths.sum() / n_bins)))
     quotas = data.draw(st.booleans())
     lo, n_extra = len(lengths) // ranks, len(lengths) % ranks
-    args = (run_len, run_count, run_cost, n_bins, microbatches, cap, quotas, lo, n_extra)
+    args = (Runs(run_len, run_count, run_cost), n_bins, Rules(microbatches, cap, quotas, lo, n_extra))
     got = runs.ring_lpt(*args)
     np.testing.assert_array_equal(got, runs.ring_lpt_ref(*args))
     placed = got[got >= 0]
@@ -52,7 +55,7 @@ def test_ring_lpt_matches_reference_and_keeps_constraints(data):
 def test_ring_lpt_spreads_equal_samples_over_ranks():
     lengths = np.full(4, 9, dtype=np.int64)  # 4 equal samples, 4 ranks x 2 microbatches
     run_len, run_count = runs.length_runs(lengths)
-    got = runs.ring_lpt(run_len, run_count, run_len * 1.0, 8, 2, 0, True, 1, 0)
+    got = runs.ring_lpt(Runs(run_len, run_count, run_len * 1.0), 8, Rules(2, 0, True, 1, 0))
     assert sorted((got // 2).tolist()) == [0, 1, 2, 3]
 
 
@@ -64,8 +67,9 @@ def test_spread_runs_matches_reference(data):
     placed = np.asarray(data.draw(st.lists(st.integers(0, 9), min_size=len(lengths), max_size=len(lengths))),
                         dtype=np.int32)
     seed = data.draw(st.integers(0, 2**63 - 1))
-    got = runs.spread_runs(lengths, run_len, run_count, placed, seed)
-    np.testing.assert_array_equal(got, runs.spread_runs_ref(lengths, run_len, run_count, placed, seed))
+    args = (lengths, Runs(run_len, run_count, run_len * 1.0), placed, seed)
+    got = runs.spread_runs(*args)
+    np.testing.assert_array_equal(got, runs.spread_runs_ref(*args))
     # every sample of length L takes one of L's run's bins, each exactly once
     offset = 0
     for length, k in zip(run_len.tolist(), run_count.tolist()):
@@ -81,8 +85,9 @@ def test_deficit_fill_matches_reference_and_fills_evenly(data):
     run_len, run_count = runs.length_runs(lengths)
     run_cost = run_len.astype(np.float64) ** 2
     target = float(lengths.astype(np.float64) @ lengths) / n_bins
-    got = runs.deficit_fill(run_len, run_count, run_cost, n_bins, target)
-    np.testing.assert_array_equal(got, runs.deficit_fill_ref(run_len, run_count, run_cost, n_bins, target))
+    args = (Runs(run_len, run_count, run_cost), n_bins, target)
+    got = runs.deficit_fill(*args)
+    np.testing.assert_array_equal(got, runs.deficit_fill_ref(*args))
     assert got.size == lengths.size and (got.size == 0 or 0 <= got.min() <= got.max() < n_bins)
     if lengths.size:
         loads = np.bincount(got, weights=np.repeat(run_cost, run_count), minlength=n_bins)
@@ -97,13 +102,13 @@ def test_pack_within_ranks_matches_reference(data):
     ranks, microbatches = data.draw(st.integers(1, 4)), data.draw(st.integers(1, 4))
     rank = np.asarray(data.draw(st.lists(st.integers(0, ranks - 1), min_size=len(lengths), max_size=len(lengths))),
                       dtype=np.int64)
-    order = K.order_by_length_desc(lengths, 0)
+    order = order_by_length_desc(lengths, 0)
     costs = lengths.astype(np.float64) ** 2
     cap = data.draw(st.sampled_from([0, 30, 60]))
     first_fit = data.draw(st.booleans())
-    args = (order, rank, costs, lengths, microbatches, cap, first_fit)
-    got = K.pack_within_ranks(*args)
-    np.testing.assert_array_equal(got, K.pack_within_ranks_ref(*args))
+    args = (order, rank, costs, lengths, Rules(microbatches, cap, False, 0, 0), first_fit)
+    got = pack_within_ranks(*args)
+    np.testing.assert_array_equal(got, pack_within_ranks_ref(*args))
     placed = got >= 0
     assert np.all(got[placed] // microbatches == rank[placed])
     if cap:

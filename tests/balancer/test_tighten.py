@@ -6,7 +6,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from balancer import tighten as T
+from balancer.kernels import tighten as T
+from balancer.kernels.common import Rules
 from balancer.lpt import flat_lpt_bins
 from balancer.registry import Problem
 from analysis.workloads import sample_lengths
@@ -35,7 +36,7 @@ def test_tighten_matches_reference_and_keeps_every_constraint(data):
     floor = data.draw(st.sampled_from([costs.sum() / n_bins, 0.0]))
     max_steps = data.draw(st.sampled_from([10_000, 0, 1, 3]))
     fast, listed, slow = start.copy(), start.copy(), start.copy()
-    args = (costs, lengths, n_bins, microbatches, cap, quotas, floor, max_steps)
+    args = (costs, lengths, n_bins, Rules(microbatches, cap, quotas, 0, 0), floor, max_steps)
     done = T.tighten(fast, *args)
     assert done == T.tighten_ref(slow, *args)
     np.testing.assert_array_equal(fast, slow)
@@ -71,18 +72,18 @@ def test_best_swap_equals_brute_force(len_a, len_b, gap, slack, equal_counts):
     la, lb = 10_000.0 + gap, 10_000.0
     ta, tb = int(lengths[members_a].sum()), int(lengths[members_b].sum())
     cap = max(ta, tb) + slack if slack < 300 else 0
-    best, e, f = T._best_swap(la, lb, ta, tb, ea, eb, np.argsort(eb[0], kind="mergesort"), cap, equal_counts)
+    best, e, f = T._best_swap(la, lb, ta, tb, ea, eb, np.argsort(eb.cost, kind="mergesort"), cap, equal_counts)
     brute = la
-    for i, j in itertools.product(range(ea[0].size - 1), range(eb[0].size)):
-        d = ea[0][i] - eb[0][j]
-        if not 0.0 < d < gap or (equal_counts and ea[2][i] != eb[2][j]):
+    for i, j in itertools.product(range(ea.cost.size - 1), range(eb.cost.size)):
+        d = ea.cost[i] - eb.cost[j]
+        if not 0.0 < d < gap or (equal_counts and ea.samples[i] != eb.samples[j]):
             continue
-        if cap and (ta - ea[1][i] + eb[1][j] > cap or tb + ea[1][i] - eb[1][j] > cap):
+        if cap and (ta - ea.tokens[i] + eb.tokens[j] > cap or tb + ea.tokens[i] - eb.tokens[j] > cap):
             continue
         brute = min(brute, max(la - d, lb + d))
     assert best == brute
     if e >= 0:
-        assert max(la - (ea[0][e] - eb[0][f]), lb + (ea[0][e] - eb[0][f])) == best
+        assert max(la - (ea.cost[e] - eb.cost[f]), lb + (ea.cost[e] - eb.cost[f])) == best
 
 
 def test_tighten_takes_a_large_batch_to_the_last_cost_unit():
@@ -93,7 +94,7 @@ def test_tighten_takes_a_large_batch_to_the_last_cost_unit():
     bins = flat_lpt_bins(Problem(lengths, costs, 8, 8, None, False, 0))
     mean = costs.sum() / 64
     assert np.bincount(bins, weights=costs).max() - mean > 5
-    T.tighten(bins, costs, lengths, 64, 8, 0, False, mean, 4 * 64)
+    T.tighten(bins, costs, lengths, 64, Rules(8, 0, False, 0, 0), mean, 4 * 64)
     assert np.bincount(bins, weights=costs).max() == np.ceil(mean)
 
 
@@ -101,7 +102,7 @@ def test_tighten_leaves_a_plan_at_its_floor():
     lengths = np.array([3, 4, 5], dtype=np.int64)
     costs = lengths.astype(np.float64) ** 2
     bins = np.array([0, 0, 1], dtype=np.int64)  # 25 and 25
-    assert T.tighten(bins, costs, lengths, 2, 1, 0, False, 25.0, 100) == 0
+    assert T.tighten(bins, costs, lengths, 2, Rules(1, 0, False, 0, 0), 25.0, 100) == 0
     np.testing.assert_array_equal(bins, [0, 0, 1])
 
 
@@ -113,6 +114,6 @@ def test_tighten_offers_samples_beyond_the_pool_when_the_pool_has_no_swap():
     lengths = np.array([100] * 40 + [200] * 5 + [101] * 45, dtype=np.int64)
     costs = lengths.astype(np.float64) ** 2
     bins = np.array([0] * 45 + [1] * 45, dtype=np.int64)
-    assert T.tighten(bins, costs, lengths, 2, 1, 0, True, costs.sum() / 2, 100) == 2
+    assert T.tighten(bins, costs, lengths, 2, Rules(1, 0, True, 45, 0), costs.sum() / 2, 100) == 2
     np.testing.assert_array_equal(np.bincount(bins, weights=costs), [540_402.0, 518_643.0])
     np.testing.assert_array_equal(np.bincount(bins), [45, 45])

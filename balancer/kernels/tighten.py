@@ -36,11 +36,12 @@ samples, or walk member lists once such steps recur.
 from __future__ import annotations
 
 import bisect
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit
 
-from balancer.kernels import _lightest, _link, _members, _unlink, member_lists, shift
+from balancer.kernels.common import MemberLists, before, fill_of, lightest, member_lists, members, relink, shift
 
 # Smallest samples of a bin whose singles and pairs are offered: 16 give 136 sums.
 SMALLEST = 16
@@ -53,12 +54,31 @@ PARTNERS = 4
 SCANNED_FALLBACKS = 4
 
 
+class _Entries(NamedTuple):
+    """Sets of one or two samples of a bin a swap may trade, float64 / int64 (entries,)."""
+
+    cost: np.ndarray  # summed cost
+    tokens: np.ndarray  # summed length
+    samples: np.ndarray  # 1 or 2 (0 for the trailing empty entry)
+    first: np.ndarray  # the sample, or the first of the pair
+    second: np.ndarray  # the second of the pair; -1 for a single
+
+
+class _Pools(NamedTuple):
+    """Each bin's ``POOL`` smallest samples by (cost, index), ascending: ``pool`` int64 (n_bins, POOL), how
+    many of them each bin's pool holds (``size``), and each bin's sample count (``count``)."""
+
+    pool: np.ndarray
+    size: np.ndarray
+    count: np.ndarray
+
+
 @njit(cache=True, nogil=True)
-def _entries(members, costs, lengths, n_single, n_pair):
-    """Singles of the first ``n_single`` of ``members`` (ascending cost), then pairs of the first
-    ``n_pair``: sum, tokens, count, first, second (-1 for a single); plus a trailing empty entry."""
-    n_single = min(n_single, members.shape[0])
-    n_pair = min(n_pair, members.shape[0])
+def _entries(chosen, costs, lengths, n_single, n_pair):
+    """``_Entries``: singles of the first ``n_single`` of ``chosen`` (ascending cost), then pairs of the first
+    ``n_pair`` (``(p, q)``, ``p < q``); plus a trailing empty entry."""
+    n_single = min(n_single, chosen.shape[0])
+    n_pair = min(n_pair, chosen.shape[0])
     n_e = n_single + n_pair * (n_pair - 1) // 2
     total = np.zeros(n_e + 1, dtype=np.float64)
     toks = np.zeros(n_e + 1, dtype=np.int64)
@@ -66,17 +86,17 @@ def _entries(members, costs, lengths, n_single, n_pair):
     first = np.full(n_e + 1, -1, dtype=np.int64)
     second = np.full(n_e + 1, -1, dtype=np.int64)
     for p in range(n_single):
-        i = members[p]
+        i = chosen[p]
         total[p], toks[p], count[p], first[p] = costs[i], lengths[i], 1, i
     e = n_single
     for p in range(n_pair):
         for q in range(p + 1, n_pair):
-            i, j = members[p], members[q]
+            i, j = chosen[p], chosen[q]
             total[e] = costs[i] + costs[j]
             toks[e] = lengths[i] + lengths[j]
             count[e], first[e], second[e] = 2, i, j
             e += 1
-    return total, toks, count, first, second
+    return _Entries(total, toks, count, first, second)
 
 
 @njit(cache=True, nogil=True)
@@ -84,8 +104,8 @@ def _best_swap(la, lb, ta, tb, ea, eb, order_b, token_cap, equal_counts):
     """Best swap between bins of loads ``la > lb`` and tokens ``ta``/``tb``: (pair max, entry of a,
     entry of b); entry -1 when nothing is valid. ``ea``/``eb`` come from ``_entries``, ``order_b``
     sorts ``eb`` by (sum, entry). The last entry of ``ea`` (empty) is never offered."""
-    sum_a, tok_a, cnt_a = ea[0], ea[1], ea[2]
-    sum_b, tok_b, cnt_b = eb[0], eb[1], eb[2]
+    sum_a, tok_a, cnt_a = ea.cost, ea.tokens, ea.samples
+    sum_b, tok_b, cnt_b = eb.cost, eb.tokens, eb.samples
     sorted_b = sum_b[order_b]
     gap = la - lb
     best, best_e, best_f = la, -1, -1
@@ -113,34 +133,28 @@ def _best_swap(la, lb, ta, tb, ea, eb, order_b, token_cap, equal_counts):
 
 @njit(cache=True, nogil=True)
 def _pools(bins, costs, n_bins):
-    """Each bin's ``POOL`` smallest samples by (cost, index), ascending: int64 (n_bins, POOL), sizes,
-    and every bin's sample count."""
-    pool = np.empty((n_bins, POOL), dtype=np.int64)
-    size = np.zeros(n_bins, dtype=np.int64)
-    count = np.zeros(n_bins, dtype=np.int64)
+    """The ``_Pools`` of ``bins``."""
+    pools = _Pools(np.empty((n_bins, POOL), dtype=np.int64), np.zeros(n_bins, dtype=np.int64),
+                   np.zeros(n_bins, dtype=np.int64))
     for i in range(bins.shape[0]):
-        _join(pool, size, count, bins[i], i, costs)
-    return pool, size, count
+        _join(pools, bins[i], i, costs)
+    return pools
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _before(costs, i, j):
-    return costs[i] < costs[j] or (costs[i] == costs[j] and i < j)
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _join(pool, size, count, b, i, costs):
+def _join(pools, b, i, costs):
     """Sample ``i`` joins bin ``b``: into its pool if it sorts before the last (or the pool holds the
     whole bin); a full pool drops its last."""
+    pool, size, count = pools
     n = size[b]
     whole = n == count[b]
     count[b] += 1
-    if not whole and (n == 0 or not _before(costs, i, pool[b, n - 1])):
+    if not whole and (n == 0 or not before(costs, i, pool[b, n - 1])):
         return
     if n == POOL:
         n -= 1
     p = n
-    while p > 0 and _before(costs, i, pool[b, p - 1]):
+    while p > 0 and before(costs, i, pool[b, p - 1]):
         pool[b, p] = pool[b, p - 1]
         p -= 1
     pool[b, p] = i
@@ -148,8 +162,9 @@ def _join(pool, size, count, b, i, costs):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _leave(pool, size, count, b, i):
+def _leave(pools, b, i):
     """Sample ``i`` leaves bin ``b`` (and its pool, if there)."""
+    pool, size, count = pools
     count[b] -= 1
     n = size[b]
     for p in range(n):
@@ -161,76 +176,70 @@ def _leave(pool, size, count, b, i):
 
 
 @njit(cache=True, nogil=True)
-def _bin_entries(t, every, pool, size, bins, head, nxt, costs, lengths):
-    """Entries of bin ``t``: from its pool, or (``every``) with the singles of every sample, whose
-    members come from the member lists once built (``head`` not empty), else from a scan of ``bins``."""
+def _bin_entries(t, every, pools, lists, bins, costs, lengths):
+    """Entries of bin ``t``: from its pool, or (``every``) with the singles of every sample, which come
+    from the member lists once built (``lists.head`` not empty), else from a scan of ``bins``."""
     if not every:
-        return _entries(pool[t, :size[t]], costs, lengths, SMALLEST, SMALLEST)
-    if head.shape[0]:
-        members = _members(head, nxt, t, costs)
+        return _entries(pools.pool[t, :pools.size[t]], costs, lengths, SMALLEST, SMALLEST)
+    if lists.head.shape[0]:
+        chosen = members(lists, t, costs)
     else:
-        members = np.flatnonzero(bins == t)
-        members = members[np.argsort(costs[members], kind="mergesort")]
-    return _entries(members, costs, lengths, costs.shape[0], SMALLEST)
+        chosen = np.flatnonzero(bins == t)
+        chosen = chosen[np.argsort(costs[chosen], kind="mergesort")]
+    return _entries(chosen, costs, lengths, costs.shape[0], SMALLEST)
 
 
 @njit(cache=True, nogil=True)
-def _best_partner(a, every, loads, tokens, pool, size, bins, head, nxt, costs, lengths, microbatches, token_cap,
-                  quotas):
+def _best_partner(a, every, fill, pools, lists, costs, lengths, rules):
     """First partner of ``a`` with a valid swap, and that swap: (partner, entries of a and of it,
     entry of a, entry of it); partner -1 if none."""
-    ea = _bin_entries(a, every, pool, size, bins, head, nxt, costs, lengths)
+    bins, loads, tokens = fill
+    ea = _bin_entries(a, every, pools, lists, bins, costs, lengths)
     for b in _partners(loads, a, PARTNERS):
-        eb = _bin_entries(b, every, pool, size, bins, head, nxt, costs, lengths)
-        equal_counts = quotas and a // microbatches != b // microbatches
+        eb = _bin_entries(b, every, pools, lists, bins, costs, lengths)
+        equal_counts = rules.quotas and a // rules.microbatches != b // rules.microbatches
         _, e, f = _best_swap(loads[a], loads[b], tokens[a], tokens[b], ea, eb,
-                             np.argsort(eb[0], kind="mergesort"), token_cap, equal_counts)
+                             np.argsort(eb.cost, kind="mergesort"), rules.token_cap, equal_counts)
         if e >= 0:
             return b, ea, eb, e, f
     return -1, ea, ea, -1, -1
 
 
 @njit(cache=True, nogil=True)
-def tighten(bins, costs, lengths, n_bins, microbatches, token_cap, quotas, floor, max_steps,
-            scans=SCANNED_FALLBACKS):
-    """Lowers the peak bin's cost by swaps of one or two samples with the lightest bins; ``bins`` in place.
+def tighten(bins, costs, lengths, n_bins, rules, floor, max_steps, scans=SCANNED_FALLBACKS):
+    """Lowers the peak bin's cost by swaps of one or two samples with the lightest bins under ``rules``;
+    ``bins`` in place.
 
     Returns the number of swaps applied. See the module docstring for the rules. ``scans``: steps
     that find a bin's samples by scanning ``bins`` before the member lists are built (same result).
     """
-    n = costs.shape[0]
-    loads = np.zeros(n_bins, dtype=np.float64)
-    tokens = np.zeros(n_bins, dtype=np.int64)
-    for i in range(n - 1, -1, -1):
-        loads[bins[i]] += costs[i]
-        tokens[bins[i]] += lengths[i]
-    pool, size, count = _pools(bins, costs, n_bins)
-    head = np.empty(0, dtype=np.int64)  # member lists: built at fallback ``scans + 1``
-    nxt = prv = head
+    fill = fill_of(bins, costs, lengths, n_bins)
+    loads = fill.loads
+    pools = _pools(bins, costs, n_bins)
+    none = np.empty(0, dtype=np.int64)
+    lists = MemberLists(none, none, none)  # built at fallback ``scans + 1``
     fallbacks = done = 0
     while done < max_steps:
         a = np.argmax(loads)
         if loads[a] <= floor:
             break
-        tail = (costs, lengths, microbatches, token_cap, quotas)
-        b, ea, eb, e, f = _best_partner(a, False, loads, tokens, pool, size, bins, head, nxt, *tail)
+        b, ea, eb, e, f = _best_partner(a, False, fill, pools, lists, costs, lengths, rules)
         if b < 0:
             fallbacks += 1
-            if fallbacks > scans and not head.shape[0]:
-                head, nxt, prv = member_lists(bins, n_bins)
-            b, ea, eb, e, f = _best_partner(a, True, loads, tokens, pool, size, bins, head, nxt, *tail)
+            if fallbacks > scans and not lists.head.shape[0]:
+                lists = member_lists(bins, n_bins)
+            b, ea, eb, e, f = _best_partner(a, True, fill, pools, lists, costs, lengths, rules)
             if b < 0:
                 break
         for src, dst, entry, idx in ((a, b, ea, e), (b, a, eb, f)):
-            for i in (entry[3][idx], entry[4][idx]):
+            for i in (entry.first[idx], entry.second[idx]):
                 if i < 0:
                     continue
-                _leave(pool, size, count, src, i)
-                _join(pool, size, count, dst, i, costs)
-                if head.shape[0]:
-                    _unlink(head, nxt, prv, i, src)
-                    _link(head, nxt, prv, i, dst)
-                shift(i, src, dst, bins, loads, tokens, costs, lengths)
+                _leave(pools, src, i)
+                _join(pools, dst, i, costs)
+                if lists.head.shape[0]:
+                    relink(lists, i, src, dst)
+                shift(fill, i, src, dst, costs, lengths)
         done += 1
     return done
 
@@ -238,23 +247,21 @@ def tighten(bins, costs, lengths, n_bins, microbatches, token_cap, quotas, floor
 @njit(cache=True, nogil=True)
 def _partners(loads, a, k):
     """Up to ``k`` bins lighter than ``a``, lightest first (ties: lowest id)."""
-    out = _lightest(loads, k)
+    out = lightest(loads, k)
     m = 0
     while m < out.shape[0] and loads[out[m]] < loads[a]:
         m += 1
     return out[:m]
 
 
-def tighten_ref(bins, costs, lengths, n_bins, microbatches, token_cap, quotas, floor, max_steps):
+def tighten_ref(bins, costs, lengths, n_bins, rules, floor, max_steps):
     """Plain twin of ``tighten``: the same rules with lists and ``bisect``."""
-    loads = np.zeros(n_bins)
-    tokens = np.zeros(n_bins, dtype=np.int64)
-    for i in range(len(bins) - 1, -1, -1):  # same summation order as the kernel
-        loads[bins[i]] += costs[i]
-        tokens[bins[i]] += lengths[i]
+    microbatches, token_cap, quotas, _, _ = rules
+    fill = fill_of.py_func(bins, costs, lengths, n_bins)
+    _, loads, tokens = fill
     key = lambda i: (costs[i], i)  # noqa: E731
-    members = [sorted(np.flatnonzero(bins == b).tolist(), key=key) for b in range(n_bins)]
-    pools = [m[:POOL] for m in members]
+    held = [sorted(np.flatnonzero(bins == b).tolist(), key=key) for b in range(n_bins)]
+    pools = [m[:POOL] for m in held]
 
     def entries(chosen, singles):
         out = [(costs[i], int(lengths[i]), (i,)) for i in singles]
@@ -264,8 +271,8 @@ def tighten_ref(bins, costs, lengths, n_bins, microbatches, token_cap, quotas, f
 
     def best_partner(a, every):
         def of(b):
-            small = (members[b] if every else pools[b])[:SMALLEST]
-            return entries(small, members[b] if every else small)
+            small = (held[b] if every else pools[b])[:SMALLEST]
+            return entries(small, held[b] if every else small)
         ea = of(a)[:-1]
         lighter = sorted((b for b in range(n_bins) if loads[b] < loads[a]), key=lambda b: (loads[b], b))
         for b in lighter[:PARTNERS]:
@@ -305,13 +312,13 @@ def tighten_ref(bins, costs, lengths, n_bins, microbatches, token_cap, quotas, f
         b, xa, xb = found
         for src, dst, moved in ((a, b, xa), (b, a, xb)):
             for i in moved:
-                whole = len(pools[dst]) == len(members[dst])
-                members[src].remove(i)
+                whole = len(pools[dst]) == len(held[dst])
+                held[src].remove(i)
                 if i in pools[src]:
                     pools[src].remove(i)
-                members[dst] = sorted(members[dst] + [i], key=key)
+                held[dst] = sorted(held[dst] + [i], key=key)
                 if whole or (pools[dst] and key(i) < key(pools[dst][-1])):
                     pools[dst] = sorted(pools[dst] + [i], key=key)[:POOL]
-                shift.py_func(i, src, dst, bins, loads, tokens, costs, lengths)
+                shift.py_func(fill, i, src, dst, costs, lengths)
         done += 1
     return done

@@ -1,6 +1,6 @@
 """``exchange``: one sample against a set, for bins that single moves and swaps cannot fix (numba + twin).
 
-``kernels.refine`` moves one sample or swaps two. A bin can be left over its threshold by a sliver no
+``refine`` moves one sample or swaps two. A bin can be left over its threshold by a sliver no
 such step removes: every sample it holds is large, and no lighter bin holds a sample within that
 sliver of one of them (a top-column bin a few parts in 1e5 above the costliest sample, under a token
 cap, is the case that matters). Swapping one sample ``x`` of that bin for a *set* ``Y`` of a lighter
@@ -18,7 +18,8 @@ Rules (the twin follows them exactly):
   is applied: the bin ends at or below its threshold and the partner does too, so the number of
   bins over their thresholds falls with every exchange and no bin rises above its threshold.
 
-Thresholds and excess are ``kernels.refine``'s. Work (sample pairs examined) is capped by ``max_work``.
+Thresholds and excess are ``refine``'s (``refine.bin_thresholds``). Work (sample pairs examined) is capped
+by ``max_work``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from balancer.kernels import _link, _members, _unlink, bin_thresholds, member_lists, shift
+from balancer.kernels.common import fill_of, member_lists, members, relink, shift
 
 
 @njit(cache=True, nogil=True)
@@ -48,36 +49,24 @@ def _greedy_set(x, ys, costs, low, high, out):
     return k if total >= low else -1
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _move(i, src, dst, state):
-    """Sample ``i`` from bin ``src`` to bin ``dst``: membership lists, bins, loads and tokens."""
-    head, nxt, prv, bins, loads, tokens, costs, lengths = state
-    _unlink(head, nxt, prv, i, src)
-    _link(head, nxt, prv, i, dst)
-    shift(i, src, dst, bins, loads, tokens, costs, lengths)
-
-
 @njit(cache=True, nogil=True)
-def exchange(bins, costs, lengths, microbatches, column_of_bin, levels, token_cap, quotas, tolerance, exact_level,
-             max_work):
-    """Brings bins over their thresholds down by one-for-a-set exchanges; ``bins`` in place.
+def exchange(bins, costs, lengths, threshold, rules, max_work):
+    """Brings bins over their ``threshold`` (float64 (n_bins,)) down by one-for-a-set exchanges under
+    ``rules``; ``bins`` in place.
 
     Returns the number of exchanges applied. See the module docstring for the rules.
     """
     n = costs.shape[0]
-    n_bins = column_of_bin.shape[0]
-    threshold = bin_thresholds(levels[column_of_bin], tolerance, exact_level)
-    loads = np.zeros(n_bins, dtype=np.float64)
-    tokens = np.zeros(n_bins, dtype=np.int64)
-    for i in range(n - 1, -1, -1):
-        loads[bins[i]] += costs[i]
-        tokens[bins[i]] += lengths[i]
+    n_bins = threshold.shape[0]
+    microbatches, token_cap, quotas, _, _ = rules
+    fill = fill_of(bins, costs, lengths, n_bins)
+    loads, tokens = fill.loads, fill.tokens
     excess = loads - threshold
     over = np.flatnonzero(excess > 0.0)
     if over.shape[0] == 0:
         return 0
     over = over[np.argsort(-excess[over], kind="mergesort")]
-    head, nxt, prv = member_lists(bins, n_bins)
+    lists = member_lists(bins, n_bins)
     picked = np.empty(n, dtype=np.int64)
     done = work = 0
     partners = np.argsort(excess, kind="mergesort")  # most room first; re-sorted after each exchange
@@ -86,13 +75,13 @@ def exchange(bins, costs, lengths, microbatches, column_of_bin, levels, token_ca
             break
         eb = excess[b]
         rb = b // microbatches
-        xs = _members(head, nxt, b, costs)
+        xs = members(lists, b, costs)
         for t in partners:
             if -excess[t] < eb or work >= max_work:
                 break
             if t == b or (quotas and t // microbatches != rb):
                 continue
-            ys = _members(head, nxt, t, costs)
+            ys = members(lists, t, costs)
             work += xs.shape[0] * (ys.shape[0] + 1)
             hit = -1
             k = -1
@@ -110,10 +99,11 @@ def exchange(bins, costs, lengths, microbatches, column_of_bin, levels, token_ca
                 break
             if hit < 0:
                 continue
-            state = (head, nxt, prv, bins, loads, tokens, costs, lengths)
-            _move(hit, b, t, state)
+            relink(lists, hit, b, t)
+            shift(fill, hit, b, t, costs, lengths)
             for p in range(k):
-                _move(picked[p], t, b, state)
+                relink(lists, picked[p], t, b)
+                shift(fill, picked[p], t, b, costs, lengths)
             excess[b] = loads[b] - threshold[b]
             excess[t] = loads[t] - threshold[t]
             partners = np.argsort(excess, kind="mergesort")
@@ -123,16 +113,11 @@ def exchange(bins, costs, lengths, microbatches, column_of_bin, levels, token_ca
     return done
 
 
-def exchange_ref(bins, costs, lengths, microbatches, column_of_bin, levels, token_cap, quotas, tolerance,
-                 exact_level):
+def exchange_ref(bins, costs, lengths, threshold, rules):
     """Plain twin of ``exchange`` without the work budget: recomputes membership from ``bins``."""
-    n_bins = len(column_of_bin)
-    threshold = bin_thresholds.py_func(np.asarray(levels)[column_of_bin], tolerance, exact_level)
-    loads = np.zeros(n_bins)
-    tokens = np.zeros(n_bins, dtype=np.int64)
-    for i in range(len(bins) - 1, -1, -1):  # same summation order as the kernel
-        loads[bins[i]] += costs[i]
-        tokens[bins[i]] += lengths[i]
+    microbatches, token_cap, quotas, _, _ = rules
+    n_bins = len(threshold)
+    _, loads, tokens = fill_of.py_func(bins, costs, lengths, n_bins)
     excess = loads - threshold
     over = sorted((b for b in range(n_bins) if excess[b] > 0.0), key=lambda b: (-excess[b], b))
     done = 0

@@ -37,21 +37,21 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from balancer.runs import _room
+from balancer.kernels.common import room
 
 
 @njit(cache=True, nogil=True)
-def column_fill(order, costs, lengths, ranks, microbatches, token_cap, quotas, lo, n_extra):
+def column_fill(order, costs, lengths, ranks, rules):
     """Every sample may go to any rank (one group of all ranks): see the module docstring."""
-    return column_fill_grouped(order, costs, lengths, ranks, microbatches, token_cap, quotas, lo, n_extra, None, None)
+    return column_fill_grouped(order, costs, lengths, ranks, rules, None, None)
 
 
 @njit(cache=True, nogil=True)
-def column_fill_grouped(order, costs, lengths, ranks, microbatches, token_cap, quotas, lo, n_extra, group,
-                        group_start):
+def column_fill_grouped(order, costs, lengths, ranks, rules, group, group_start):
     """``column_fill`` where sample i prefers the ranks ``group_start[group[i]] .. group_start[group[i] + 1] - 1``
     (``group`` int64 (N,), ``group_start`` int64 (G + 1,), ascending from 0 to ``ranks``; both None: one
     group of all ranks): see the module docstring's grouped rules."""
+    microbatches, token_cap, quotas = rules.microbatches, rules.token_cap, rules.quotas
     n = order.shape[0]
     bins = np.full(costs.shape[0], -1, dtype=np.int64)
     levels = np.zeros(microbatches, dtype=np.float64)
@@ -89,7 +89,7 @@ def column_fill_grouped(order, costs, lengths, ranks, microbatches, token_cap, q
                     c = r * microbatches + j
                     if token_cap > 0 and tokens[c] + lengths[i] > token_cap:
                         continue
-                    if not _room(rank_counts, r, quotas, lo, n_at_hi, n_extra):
+                    if not room(rules, rank_counts, r, n_at_hi):
                         continue
                     if last:
                         if b < 0 or loads[c] < loads[b]:
@@ -102,14 +102,13 @@ def column_fill_grouped(order, costs, lengths, ranks, microbatches, token_cap, q
                         c = r * microbatches + j
                         if token_cap > 0 and tokens[c] + lengths[i] > token_cap:
                             continue
-                        if _room(rank_counts, r, quotas, lo, n_at_hi, n_extra) and (b < 0 or loads[c] < loads[b]):
+                        if room(rules, rank_counts, r, n_at_hi) and (b < 0 or loads[c] < loads[b]):
                             b = c
                 if b < 0 and last:  # the last slot is full under the cap: the least loaded bin with room
                     for c in range(ranks * microbatches):
                         if token_cap > 0 and tokens[c] + lengths[i] > token_cap:
                             continue
-                        if _room(rank_counts, c // microbatches, quotas, lo, n_at_hi, n_extra) and (
-                                b < 0 or loads[c] < loads[b]):
+                        if room(rules, rank_counts, c // microbatches, n_at_hi) and (b < 0 or loads[c] < loads[b]):
                             b = c
                     if b < 0:
                         return np.full(costs.shape[0], -1, dtype=np.int64), levels
@@ -122,22 +121,22 @@ def column_fill_grouped(order, costs, lengths, ranks, microbatches, token_cap, q
                 tokens[b] += lengths[i]
                 target = b // microbatches
                 rank_counts[target] += 1
-                if quotas and rank_counts[target] == lo + 1:
+                if quotas and rank_counts[target] == rules.lo + 1:
                     n_at_hi += 1
                 left_cost -= costs[i]
             n_left = kept
     return bins, levels
 
 
-def column_fill_ref(order, costs, lengths, ranks, microbatches, token_cap, quotas, lo, n_extra):
+def column_fill_ref(order, costs, lengths, ranks, rules):
     """Plain twin of ``column_fill``."""
-    return column_fill_grouped_ref(order, costs, lengths, ranks, microbatches, token_cap, quotas, lo, n_extra,
-                                   np.zeros(len(costs), dtype=np.int64), np.array([0, ranks]))
+    return column_fill_grouped_ref(order, costs, lengths, ranks, rules, np.zeros(len(costs), dtype=np.int64),
+                                   np.array([0, ranks]))
 
 
-def column_fill_grouped_ref(order, costs, lengths, ranks, microbatches, token_cap, quotas, lo, n_extra, group,
-                            group_start):
+def column_fill_grouped_ref(order, costs, lengths, ranks, rules, group, group_start):
     """Plain twin of ``column_fill_grouped``."""
+    microbatches, token_cap, quotas, lo, n_extra = rules
     bins = np.full(len(costs), -1, dtype=np.int64)
     levels = np.zeros(microbatches)
     rank_counts = [0] * ranks
@@ -156,11 +155,11 @@ def column_fill_grouped_ref(order, costs, lengths, ranks, microbatches, token_ca
         for sweep in range(1 if last or quotas else 2):
             kept = []
             for i in remaining:
-                room = (lo + 1 if n_at_hi < n_extra else lo)
+                allowed = (lo + 1 if n_at_hi < n_extra else lo)
 
                 def open_bin(c):
                     return ((token_cap <= 0 or tokens[c] + lengths[i] <= token_cap)
-                            and (not quotas or rank_counts[c // microbatches] < room))
+                            and (not quotas or rank_counts[c // microbatches] < allowed))
 
                 own = range(group_start[group[i]], group_start[group[i] + 1])
                 if sweep == 1 and len(own) == ranks:

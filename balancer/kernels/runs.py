@@ -3,7 +3,8 @@
 Samples of equal length have equal cost and tokens, so they are interchangeable: LPT only has to
 decide *how many* samples of each length go to each bin. Three steps, none of them a full sort:
 
-1. ``length_runs``: a histogram of the lengths gives the runs (length, count), longest first.
+1. ``length_runs``: a histogram of the lengths gives the runs (length, count), longest first; with each
+   length's cost they make the ``Runs`` the kernels below take.
 2. ``ring_lpt``: LPT over those runs onto identical bins. The bins live in a ring sorted by
    ``(load, ring id)``; ring id ``p`` is rank ``p % R``, slot ``p // R``, so ties go round the ranks
    (equal-cost samples spread over ranks, not into one rank's microbatches). Items of cost ``c`` go one each to the lightest bins; while the heaviest bin
@@ -22,10 +23,20 @@ to a target cost instead of LPT. Both return the bins in placement order (longes
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from numba import njit
 
-from balancer.kernels import _splitmix64, _splitmix64_ref
+from balancer.kernels.common import MASK64, before, room, splitmix64, splitmix64_ref
+
+
+class Runs(NamedTuple):
+    """Runs of equal length, longest first (K,): the length, the number of samples and the cost of one."""
+
+    lengths: np.ndarray  # int64
+    counts: np.ndarray  # int64
+    costs: np.ndarray  # float64
 
 
 def length_runs(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -38,17 +49,12 @@ def length_runs(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _before(loads, a, b):
-    """Ring order: bin ``a`` sorts before bin ``b``."""
-    return loads[a] < loads[b] or (loads[a] == loads[b] and a < b)
-
-
-@njit(cache=True, nogil=True, inline="always")
 def _first_after(buf, lo, hi, b, loads):
-    """First position in the sorted ``buf[lo:hi]`` whose bin sorts after bin ``b`` (binary search)."""
+    """First position in the sorted ``buf[lo:hi]`` whose bin sorts after bin ``b`` by (load, ring id), by
+    binary search."""
     while lo < hi:
         mid = (lo + hi) >> 1
-        if _before(loads, buf[mid], b):
+        if before(loads, buf[mid], b):
             lo = mid + 1
         else:
             hi = mid
@@ -56,29 +62,23 @@ def _first_after(buf, lo, hi, b, loads):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _room(rank_counts, r, quotas, lo, n_at_hi, n_extra):
-    return not quotas or rank_counts[r] < (lo + 1 if n_at_hi < n_extra else lo)
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _serve(b, c, length, loads, tokens, rank_counts, n_ranks, quotas, lo):
+def _serve(b, c, length, loads, tokens, rank_counts, n_ranks, rules):
     """Adds one item to ring bin ``b``; returns 1 when its rank just reached ``lo + 1`` samples."""
     loads[b] += c
     tokens[b] += length
     r = b % n_ranks
     rank_counts[r] += 1
-    return 1 if quotas and rank_counts[r] == lo + 1 else 0
+    return 1 if rules.quotas and rank_counts[r] == rules.lo + 1 else 0
 
 
 @njit(cache=True, nogil=True)
-def ring_lpt(run_len, run_count, run_cost, n_bins, microbatches, token_cap, quotas, lo, n_extra):
-    """Bins of the items in placement order (int32 (sum(run_count),)), -1 from the first item no bin takes.
-
-    ``token_cap`` <= 0: no cap; ``quotas``: rank r = bin // microbatches holds at most ``lo`` samples,
-    ``lo + 1`` for at most ``n_extra`` ranks. Internally bins are ring ids (see the module docstring).
+def ring_lpt(runs, n_bins, rules):
+    """Bins of the items in placement order (int32 (sum(runs.counts),)), -1 from the first item no bin takes,
+    under ``rules`` (rank r = bin // microbatches). Internally bins are ring ids (see the module docstring).
     """
+    microbatches, token_cap = rules.microbatches, rules.token_cap
     n_items = 0
-    for k in run_count:
+    for k in runs.counts:
         n_items += k
     out = np.full(n_items, -1, dtype=np.int32)
     loads = np.zeros(n_bins, dtype=np.float64)
@@ -93,8 +93,8 @@ def ring_lpt(run_len, run_count, run_cost, n_bins, microbatches, token_cap, quot
     for b in range(n_bins):
         buf[b] = b
     h, n, pos = 0, n_bins, 0
-    for run in range(run_len.shape[0]):
-        length, left, c = run_len[run], run_count[run], run_cost[run]
+    for run in range(runs.lengths.shape[0]):
+        length, left, c = runs.lengths[run], runs.counts[run], runs.costs[run]
         while left > 0:
             if n == 0:
                 return out
@@ -109,10 +109,10 @@ def ring_lpt(run_len, run_count, run_cost, n_bins, microbatches, token_cap, quot
                 b = buf[h + m]
                 if not (loads[b] < bar or (loads[b] == bar and b < first)):
                     break
-                if (token_cap > 0 and tokens[b] + length > token_cap) or not _room(
-                        rank_counts, b % n_ranks, quotas, lo, n_at_hi, n_extra):
+                if (token_cap > 0 and tokens[b] + length > token_cap) or not room(
+                        rules, rank_counts, b % n_ranks, n_at_hi):
                     break
-                n_at_hi += _serve(b, c, length, loads, tokens, rank_counts, n_ranks, quotas, lo)
+                n_at_hi += _serve(b, c, length, loads, tokens, rank_counts, n_ranks, rules)
                 out[pos] = (b % n_ranks) * microbatches + b // n_ranks
                 pos += 1
                 temp[m] = b
@@ -122,7 +122,7 @@ def ring_lpt(run_len, run_count, run_cost, n_bins, microbatches, token_cap, quot
                 u_lo = _first_after(buf, h + m, h + n, temp[0], loads)  # rest bins from here on sort after it
                 i, j, d = h + n - 1, m - 1, h + n + m - 1
                 while j >= 0:
-                    if i >= u_lo and _before(loads, temp[j], buf[i]):
+                    if i >= u_lo and before(loads, temp[j], buf[i]):
                         buf[d] = buf[i]
                         i -= 1
                     else:
@@ -136,7 +136,7 @@ def ring_lpt(run_len, run_count, run_cost, n_bins, microbatches, token_cap, quot
             i = h
             while i < h + n:
                 b = buf[i]
-                if not _room(rank_counts, b % n_ranks, quotas, lo, n_at_hi, n_extra):
+                if not room(rules, rank_counts, b % n_ranks, n_at_hi):
                     for k in range(i, h, -1):  # drop it: its rank is full for good
                         buf[k] = buf[k - 1]
                     h += 1
@@ -150,7 +150,7 @@ def ring_lpt(run_len, run_count, run_cost, n_bins, microbatches, token_cap, quot
             if i == h + n:
                 return out
             b = buf[i]
-            n_at_hi += _serve(b, c, length, loads, tokens, rank_counts, n_ranks, quotas, lo)
+            n_at_hi += _serve(b, c, length, loads, tokens, rank_counts, n_ranks, rules)
             out[pos] = (b % n_ranks) * microbatches + b // n_ranks
             pos += 1
             left -= 1
@@ -161,16 +161,17 @@ def ring_lpt(run_len, run_count, run_cost, n_bins, microbatches, token_cap, quot
     return out
 
 
-def ring_lpt_ref(run_len, run_count, run_cost, n_bins, microbatches, token_cap, quotas, lo, n_extra):
+def ring_lpt_ref(runs, n_bins, rules):
     """Plain twin of ``ring_lpt``: LPT item by item, the lightest eligible ring bin by (load, ring id)."""
+    microbatches, token_cap, quotas, lo, n_extra = rules
     n_ranks = max(n_bins // microbatches, 1)
     loads, tokens = [0.0] * n_bins, [0] * n_bins
     rank_counts = [0] * n_ranks
     alive = set(range(n_bins))
     n_at_hi = 0
-    out = np.full(int(np.sum(run_count)), -1, dtype=np.int32)
+    out = np.full(int(np.sum(runs.counts)), -1, dtype=np.int32)
     pos = 0
-    for length, count, c in zip(run_len.tolist(), run_count.tolist(), run_cost.tolist()):
+    for length, count, c in zip(runs.lengths.tolist(), runs.counts.tolist(), runs.costs.tolist()):
         for _ in range(count):
             allowed = lo + 1 if n_at_hi < n_extra else lo
             alive -= {p for p in alive if quotas and rank_counts[p % n_ranks] >= allowed}
@@ -189,9 +190,10 @@ def ring_lpt_ref(run_len, run_count, run_cost, n_bins, microbatches, token_cap, 
 
 
 @njit(cache=True, nogil=True)
-def spread_runs(lengths, run_len, run_count, placed, seed):
+def spread_runs(lengths, runs, placed, seed):
     """Bin of every sample (int64 (N,)): the samples of length L take the bins ``placed`` gave to
     L's run, in sample order, starting at a seeded offset into the run and wrapping around."""
+    run_len, run_count = runs.lengths, runs.counts
     max_len = run_len[0] if run_len.shape[0] else 0
     start = np.zeros(max_len + 1, dtype=np.int64)
     size = np.zeros(max_len + 1, dtype=np.int64)
@@ -200,7 +202,7 @@ def spread_runs(lengths, run_len, run_count, placed, seed):
     for run in range(run_len.shape[0]):
         length, k = run_len[run], run_count[run]
         start[length], size[length] = offset, k
-        state, z = _splitmix64(np.uint64(seed) ^ (np.uint64(length) * np.uint64(0x9E3779B97F4A7C15)))
+        state, z = splitmix64(np.uint64(seed) ^ (np.uint64(length) * np.uint64(0x9E3779B97F4A7C15)))
         cursor[length] = np.int64(((z >> np.uint64(32)) * np.uint64(k)) >> np.uint64(32))
         offset += k
     bins = np.empty(lengths.shape[0], dtype=np.int64)
@@ -213,10 +215,10 @@ def spread_runs(lengths, run_len, run_count, placed, seed):
     return bins
 
 
-def spread_runs_ref(lengths, run_len, run_count, placed, seed):
+def spread_runs_ref(lengths, runs, placed, seed):
     segments, offset = {}, 0
-    for length, k in zip(run_len.tolist(), run_count.tolist()):
-        _, z = _splitmix64_ref((seed ^ (length * 0x9E3779B97F4A7C15)) & ((1 << 64) - 1))
+    for length, k in zip(runs.lengths.tolist(), runs.counts.tolist()):
+        _, z = splitmix64_ref((seed ^ (length * 0x9E3779B97F4A7C15)) & MASK64)
         first = ((z >> 32) * k) >> 32
         run = placed[offset:offset + k].tolist()
         segments[length] = iter(run[first:] + run[:first])
@@ -225,8 +227,8 @@ def spread_runs_ref(lengths, run_len, run_count, placed, seed):
 
 
 @njit(cache=True, nogil=True)
-def deficit_fill(run_len, run_count, run_cost, n_bins, target):
-    """Bins of the items in placement order (int32 (sum(run_count),)) filling every bin to ``target``.
+def deficit_fill(runs, n_bins, target):
+    """Bins of the items in placement order (int32 (sum(runs.counts),)) filling every bin to ``target``.
 
     Items, longest first, are dealt round-robin over the *open* bins: those still missing at least
     the current item's cost (a bin that closes hands its place in the round to the last open bin).
@@ -236,7 +238,7 @@ def deficit_fill(run_len, run_count, run_cost, n_bins, target):
     bins end within about the smallest cost of ``target``.
     """
     n_items = 0
-    for k in run_count:
+    for k in runs.counts:
         n_items += k
     out = np.empty(n_items, dtype=np.int32)
     deficit = np.full(n_bins, target, dtype=np.float64)
@@ -244,8 +246,8 @@ def deficit_fill(run_len, run_count, run_cost, n_bins, target):
     n_open, p = n_bins, 0
     heap = np.empty(n_bins, dtype=np.int64)  # closed bins, the one missing the most on top
     n_heap, pos = 0, 0
-    for run in range(run_len.shape[0]):
-        left, c = run_count[run], run_cost[run]
+    for run in range(runs.lengths.shape[0]):
+        left, c = runs.counts[run], runs.costs[run]
         while n_heap > 0 and deficit[heap[0]] >= c:  # reopen bins the smaller items fit again
             open_bins[n_open] = heap[0]
             n_open += 1
@@ -271,11 +273,11 @@ def deficit_fill(run_len, run_count, run_cost, n_bins, target):
     return out
 
 
-def deficit_fill_ref(run_len, run_count, run_cost, n_bins, target):
+def deficit_fill_ref(runs, n_bins, target):
     """Plain twin of ``deficit_fill``: lists instead of the heap, the same rules."""
     deficit = [float(target)] * n_bins
     open_bins, closed, p, out = list(range(n_bins)), [], 0, []
-    for k, c in zip(run_count.tolist(), run_cost.tolist()):
+    for k, c in zip(runs.counts.tolist(), runs.costs.tolist()):
         while closed:
             top = min(closed, key=lambda b: (-deficit[b], b))
             if deficit[top] < c:
