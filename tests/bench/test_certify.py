@@ -1,19 +1,16 @@
 """bench/certify.py: its floors never exceed the true optimum, and equal it when every sample is integral."""
 
-import importlib.util
 import itertools
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from tests.bench import load
+
 pytest.importorskip("highspy")
-_spec = importlib.util.spec_from_file_location("certify", Path(__file__).parents[2] / "bench" / "certify.py")
-certify = sys.modules["certify"] = importlib.util.module_from_spec(_spec)  # dataclasses look it up
-_spec.loader.exec_module(certify)
+certify = load("certify")
 
 
 def brute_force(lengths, costs, R, M, objective, cap, equal_count):

@@ -1,7 +1,6 @@
 """``bench/coldstart.py``: its argument checks, and one run at tiny size (not a timing test): it decodes exactly
 the loader's first shuffle block, in processes and in threads, and reports every figure."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -12,11 +11,10 @@ import pytest
 
 from loader.read import read_unit
 from tests.loader.helpers import synth
+from tests.bench import load
 
 SCRIPT = Path(__file__).parents[2] / "bench" / "coldstart.py"
-_spec = importlib.util.spec_from_file_location("bench_coldstart", SCRIPT)
-bench_coldstart = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench_coldstart)
+bench_coldstart = load("coldstart")
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -1,7 +1,6 @@
 """``bench/coordinator.py``: its argument checks, and end-to-end runs at tiny sizes (not a timing test): the
 run completes and every rank receives every step exactly once."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -10,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.bench import load
+
 SCRIPT = Path(__file__).parents[2] / "bench" / "coordinator.py"
-_spec = importlib.util.spec_from_file_location("bench_coordinator", SCRIPT)
-bench_coordinator = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench_coordinator)
+bench_coordinator = load("coordinator")
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -1,7 +1,6 @@
 """``bench/ingest.py``: its argument checks, and one end-to-end run at tiny sizes (every contender on both shapes,
 a local Ray of its own, started and shut down by the script)."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -10,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.bench import load
+
 SCRIPT = Path(__file__).parents[2] / "bench" / "ingest.py"
-_spec = importlib.util.spec_from_file_location("bench_ingest", SCRIPT)
-bench_ingest = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench_ingest)
+bench_ingest = load("ingest")
 
 
 @pytest.mark.parametrize("argv, message", [

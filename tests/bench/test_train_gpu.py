@@ -1,12 +1,10 @@
 """``bench/train_gpu.py`` end to end on the CPU with tiny sizes (the script, not its numbers)."""
 
-import importlib.util
 import json
-from pathlib import Path
 
-_spec = importlib.util.spec_from_file_location("train_gpu", Path(__file__).parents[2] / "bench" / "train_gpu.py")
-train_gpu = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(train_gpu)
+from tests.bench import load
+
+train_gpu = load("train_gpu")
 
 
 def test_smoke_run_reports_every_part(tmp_path):
