@@ -1,13 +1,15 @@
-"""Leave-last-out data for training: the training split on disk, the item vocabulary, the evaluation set.
+"""The trainer's data, written once: the leave-last-out split of a dataset, item ids already table rows.
 
-The trainer reads the dataset once (user ids, item ids, timestamps of every history, in the data
-contract), then:
+`write_split` reads the dataset (user ids, item ids, timestamps of every history, in the data contract) in the
+launching process, maps raw item ids to dense rows ``0 .. V-1`` of the embedding table (row r is the r-th
+smallest distinct id) and writes, as Parquet in the contract, for the histories of >= 2 events:
 
-- writes the *training split*: every history without its last event (histories of one event are
-  dropped there), as Parquet in the contract, which the ranks stream through ``loader.SequenceLoader``;
-- maps raw item ids to dense rows ``0 .. V-1`` of the embedding table (``Vocabulary``: sorted unique ids);
-- keeps the full histories for leave-last-out evaluation (the model reads all but the last event and
-  ranks every item for it) and the training counts of every item for the most-popular baseline.
+- the *training split*: every such history without its last event;
+- the *held-out set*: the same histories whole (evaluation reads all but the last event and ranks every item
+  for it; the popularity baseline counts the events before the last).
+
+The ranks read both only through ``loader.SequenceLoader``; what a rank is given is the `Split` (paths and
+sizes).
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import torch
 
 from loader import layout
 from loader.schema import Columns, contract_schema, list_array
@@ -26,19 +27,18 @@ from loader.sources import index_source
 
 
 @dataclass(frozen=True)
-class Vocabulary:
-    """Raw item ids, sorted unique: int64 (V,). Row r of the table is item ``ids[r]``."""
+class Split:
+    """Where a run's data is and how big it is (all a rank needs to be given about it)."""
 
-    ids: np.ndarray
+    train: str  # the training split: histories of >= 2 events without their last one, items as table rows
+    heldout: str  # the same histories whole
+    num_items: int  # rows of the embedding table: the distinct item ids of the dataset
+    rows: int  # histories in either (those of >= 2 events)
 
-    def rows(self, raw: np.ndarray | torch.Tensor) -> torch.Tensor:
-        """Raw ids (T,) -> table rows (T,) int64; an id outside the vocabulary is a ValueError."""
-        raw = np.asarray(raw, dtype=np.int64)
-        rows = np.searchsorted(self.ids, raw)
-        bad = (rows >= len(self.ids)) | (self.ids[np.minimum(rows, len(self.ids) - 1)] != raw)
-        if bad.any():
-            raise ValueError(f"item id {int(raw[bad][0])} is not in the training vocabulary of {len(self.ids)} items")
-        return torch.from_numpy(rows)
+    @classmethod
+    def under(cls, work: str | Path, *, num_items: int, rows: int) -> Split:
+        """The split `write_split(..., work)` writes."""
+        return cls(str(Path(work) / "train"), str(Path(work) / "heldout"), num_items, rows)
 
 
 @dataclass
@@ -75,11 +75,28 @@ def read_histories(source: str | Path) -> Histories:
     )
 
 
+def write_split(source: str | Path, work: str | Path) -> Split:
+    """Read `source` once, map its item ids to table rows, write the training split and the held-out set under
+    `work` (``train/``, ``heldout/``)."""
+    histories = read_histories(source)
+    ids, rows = np.unique(histories.items, return_inverse=True)  # (V,) sorted distinct ids; (T,) row of each
+    mapped = Histories(histories.users, rows.astype(np.int64), histories.times, histories.offsets)
+    split = Split.under(work, num_items=len(ids), rows=int((histories.lengths >= 2).sum()))
+    write_training_split(mapped, split.train)
+    _write(mapped, split.heldout, drop_last_event=False, desc="held-out set")
+    return split
+
+
 def write_training_split(histories: Histories, out_dir: str | Path) -> int:
     """Write every history without its last event (those of >= 2 events) in the data contract (the
     layout ``freescale convert`` writes); returns the rows."""
+    return _write(histories, out_dir, drop_last_event=True, desc="training split")
+
+
+def _write(histories: Histories, out_dir: str | Path, *, drop_last_event: bool, desc: str) -> int:
+    """Write the histories of >= 2 events, without their last event if `drop_last_event`; returns the rows."""
     keep = np.flatnonzero(histories.lengths >= 2)  # (k,)
-    starts, stops = histories.offsets[keep], histories.offsets[keep + 1] - 1  # (k,) each: drop the last event
+    starts, stops = histories.offsets[keep], histories.offsets[keep + 1] - int(drop_last_event)  # (k,) each
     offsets = np.concatenate([[0], np.cumsum(stops - starts)]).astype(np.int64)  # (k + 1,)
     take = np.repeat(starts - offsets[:-1], stops - starts) + np.arange(offsets[-1])  # (events kept,)
     items, times, users = histories.items[take], histories.times[take], histories.users[keep]
@@ -92,14 +109,5 @@ def write_training_split(histories: Histories, out_dir: str | Path) -> int:
         return pa.Table.from_arrays([pa.array(users[start:stop]), list_array(rows, items[first:last]),
                                      list_array(rows, times[first:last])], schema=schema)
 
-    layout.write_parts(out, schema, layout.plan_parts(len(keep), files=layout.DEFAULT_FILES), make_table,
-                       desc="training split")
+    layout.write_parts(out, schema, layout.plan_parts(len(keep), files=layout.DEFAULT_FILES), make_table, desc=desc)
     return len(keep)
-
-
-def training_counts(histories: Histories, vocabulary: Vocabulary) -> torch.Tensor:
-    """How often each table row occurs in the training split (every event but each history's last): (V,)."""
-    last = histories.offsets[1:] - 1
-    mask = np.ones(len(histories.items), dtype=bool)
-    mask[last[histories.lengths >= 1]] = False
-    return torch.bincount(vocabulary.rows(histories.items[mask]), minlength=len(vocabulary.ids))

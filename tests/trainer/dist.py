@@ -7,7 +7,7 @@ from typing import Any, Callable
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from trainer.train import free_port
+from trainer.launch import free_port
 
 
 def _worker(rank: int, world: int, port: int, fn: Callable[..., Any], args: tuple) -> None:

@@ -1,0 +1,194 @@
+"""One rank's training: its exchanges, table, model and optimizer, and the step loop over the loader.
+
+Each step is M microbatches from ``loader.SequenceLoader.iter_rank`` over the training split (item ids are
+already table rows). Per step: the global target count is all-reduced (every loss is divided by it, so a
+rank's share of samples does not change the gradient); ``cfg.negatives`` uniform negatives per (step,
+microbatch, rank) come from a seeded generator, so overlap on and off see the same batches; the overlap
+scheduler fetches each microbatch's rows from the sharded table and runs forward and backward; at the step's
+end the dense gradients are all-reduced (summed), Adam steps the dense parameters, the table's owners step
+row-wise Adagrad, and the compressed exchanges' bounds move on.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Iterable, Iterator
+
+import torch
+import torch.distributed as dist
+
+from loader import SequenceLoader
+from loader.microbatch import Microbatch
+from trainer.config import TrainConfig
+from trainer.data import Split
+from trainer.embedding import ShardedEmbedding
+from trainer.instrument import Collectives, StepRecord, TimedExchange
+from trainer.loss import num_targets, sampled_softmax_loss
+from trainer.model import HSTU
+from trainer.overlap import OverlapScheduler, StepStats
+from trainer.transport import make_exchange
+from trainer.transport.compressed import CompressedExchange
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a rank runs: its rank and world, its GPU on the node, and the run it belongs to."""
+
+    rank: int
+    world: int
+    local_rank: int
+    run_id: str
+
+
+@dataclass
+class Prepared:
+    """One microbatch ready for the scheduler: table rows of its events and of its negatives."""
+
+    rows: torch.Tensor  # (T,) table rows of the events
+    offsets: torch.Tensor  # (n + 1,)
+    neg_rows: torch.Tensor  # (K,)
+    normalizer: int  # the step's global target count
+    samples: int
+
+    @property
+    def ids(self) -> torch.Tensor:
+        return torch.cat([self.rows, self.neg_rows])
+
+    def features(self) -> list[float]:
+        """``[sum L^2, sum L, samples]`` of the microbatch: what the simulator times it by."""
+        lengths = torch.diff(self.offsets).to(torch.float64)
+        return [float((lengths * lengths).sum()), float(lengths.sum()), float(lengths.numel())]
+
+
+@dataclass
+class Exchanges:
+    """The rank's exchanges, all from `trainer.transport.make_exchange`, timed in one `Collectives`."""
+
+    table: TimedExchange  # ids, flags, gradients; the forward rows too unless compressed
+    fetch: TimedExchange | None  # the forward rows, compressed (None: uncompressed, they take `table`)
+    prefetch: TimedExchange | None  # the prefetch thread's own group (None: no overlap)
+    compressed: list[CompressedExchange]  # their bounds follow the step
+
+    @classmethod
+    def build(cls, cfg: TrainConfig, collectives: Collectives) -> Exchanges:
+        """A collective: the main exchange, then (overlapping) the prefetch group, on every rank."""
+        bounds = cfg.error_bounds()
+        rows = make_exchange(cfg.transport, compress=bounds)
+        prefetch = make_exchange(cfg.transport, prefetch=True, compress=bounds) if cfg.overlap else None
+        if bounds is None:
+            return cls(TimedExchange(rows, collectives), None, _timed(prefetch, collectives), [])
+        return cls(TimedExchange(rows.inner, collectives), TimedExchange(rows, collectives),
+                   _timed(prefetch, collectives), [x for x in (prefetch, rows) if x is not None])
+
+    def step(self) -> None:
+        for exchange in self.compressed:
+            exchange.step()
+
+
+def _timed(exchange, collectives: Collectives) -> TimedExchange | None:
+    return None if exchange is None else TimedExchange(exchange, collectives)
+
+
+class RankTrainer:
+    """One rank's training state and its step loop."""
+
+    def __init__(self, cfg: TrainConfig, split: Split, place: Place):
+        self.cfg, self.split, self.place = cfg, split, place
+        self.device = torch.device(f"cuda:{place.local_rank}") if cfg.backend == "nccl" else torch.device("cpu")
+        torch.manual_seed(cfg.seed)  # dense parameters: the same initial values on every rank
+        self.collectives = Collectives()
+        self.exchanges = Exchanges.build(cfg, self.collectives)
+        self.table = ShardedEmbedding(split.num_items, cfg.d_model, exchange=self.exchanges.table,
+                                      init_seed=cfg.seed, lr=cfg.emb_lr, device=self.device,
+                                      fetch_exchange=self.exchanges.fetch)
+        self.model = HSTU(cfg.d_model, cfg.num_layers, cfg.num_heads, attention=cfg.attention, max_len=cfg.max_len,
+                          dropout=cfg.dropout).to(self.device)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr)
+        self.scheduler = OverlapScheduler(self.table, overlap=cfg.overlap, prefetch_exchange=self.exchanges.prefetch)
+        self.losses: list[float] = []  # per microbatch, this rank's share
+        self._pending: deque[list[Prepared]] = deque()  # steps handed to the scheduler, not yet recorded
+
+    def open_loader(self) -> SequenceLoader:
+        """The rank's loader over the training split (every rank builds the same one)."""
+        cfg, world = self.cfg, self.place.world
+        inline = cfg.loader_backend == "inline"
+        return SequenceLoader(self.split.train, ranks=world, microbatches=cfg.microbatches,
+                              samples_per_step=cfg.samples_per_step, max_seq_len=cfg.max_len, seed=cfg.seed,
+                              backend=cfg.loader_backend, planner="balanced" if cfg.balance else "naive",
+                              num_readers=1 if inline else None, ray_address=cfg.ray_address,
+                              name=None if inline else f"freescale-train-{self.place.run_id}")
+
+    def run(self, loader: SequenceLoader) -> list[StepRecord]:
+        """``cfg.steps`` steps (epochs cycled); one record per step."""
+        records = []
+        prefetch = self.exchanges.prefetch
+        started = time.perf_counter()
+        for stats in self.scheduler.run(self._steps(loader), ids=lambda mb: mb.ids.to(self.device),
+                                        compute=self._compute, step_end=self._step_end):
+            wall = time.perf_counter() - started
+            joined = max(stats.exposed_s - prefetch.main_s, 0.0) if prefetch is not None else 0.0
+            records.append(self._record(self._pending.popleft(), stats, wall, joined))
+            if prefetch is not None:
+                prefetch.main_s = 0.0
+            started = time.perf_counter()
+        return records
+
+    def _steps(self, loader: SequenceLoader) -> Iterator[list[Prepared]]:
+        """The rank's steps as lists of M prepared microbatches, epochs cycled until ``cfg.steps``."""
+        cfg, rank = self.cfg, self.place.rank
+        taken, epoch = 0, 0
+        while taken < cfg.steps:
+            for number, step in enumerate(_chunks(loader.iter_rank(rank, epoch), cfg.microbatches)):
+                if taken == cfg.steps:
+                    return
+                targets = torch.tensor([sum(num_targets(mb.offsets) for mb in step)], dtype=torch.int64)
+                self.collectives.timed(dist.all_reduce, targets)
+                prepared = [self._prepare(mb, epoch, number, max(int(targets), 1)) for mb in step]
+                self._pending.append(prepared)
+                yield prepared
+                taken += 1
+            epoch += 1
+
+    def _prepare(self, mb: Microbatch, epoch: int, number: int, normalizer: int) -> Prepared:
+        seed = hash((self.cfg.seed, epoch, number, mb.index, self.place.rank)) & (2**63 - 1)
+        negatives = torch.randint(self.split.num_items, (self.cfg.negatives,),
+                                  generator=torch.Generator().manual_seed(seed))
+        return Prepared(mb.item_ids, mb.offsets, negatives, normalizer, len(mb.user_ids))
+
+    def _compute(self, mb: Prepared, emb: torch.Tensor) -> None:
+        t, offsets = mb.rows.numel(), mb.offsets.to(self.device)
+        hidden = self.model(emb[:t], offsets)
+        loss = sampled_softmax_loss(hidden, offsets, mb.rows.to(self.device), emb[:t], mb.neg_rows.to(self.device),
+                                    emb[t:], temperature=self.cfg.temperature, normalizer=mb.normalizer)
+        loss.backward()
+        self.losses.append(float(loss.detach()))
+
+    def _step_end(self) -> None:
+        for p in self.model.parameters():
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            self.collectives.timed(dist.all_reduce, p.grad)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=False)
+        self.exchanges.step()
+
+    def _record(self, step: list[Prepared], stats: StepStats, wall: float, joined: float) -> StepRecord:
+        """The step's record; `joined`: seconds the main thread waited for the prefetch thread."""
+        wait, comm = self.collectives.settle()
+        return StepRecord(
+            step=stats.step, rank=self.place.rank, step_s=wall, compute_s=max(0.0, wall - wait - comm - joined),
+            comm_s=comm + joined, wait_s=wait, loss=sum(self.losses[-len(step):]),
+            samples=sum(mb.samples for mb in step), tokens=sum(mb.rows.numel() for mb in step),
+            exclusive_rows=stats.exclusive, collided_rows=stats.collisions, hidden_comm_s=stats.hidden_s,
+            bins=[mb.features() for mb in step])
+
+
+def _chunks(microbatches: Iterable[Microbatch], size: int) -> Iterator[list[Microbatch]]:
+    chunk = []
+    for mb in microbatches:
+        chunk.append(mb)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
