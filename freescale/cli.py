@@ -2,7 +2,7 @@
 
 Each subcommand's work lives beside what it drives: ``freescale.datasets`` (synth, convert),
 ``freescale.planning`` (plan), ``freescale.report``, ``freescale.demo``, ``freescale.simulate`` and
-``trainer.cli`` (train). Heavy imports (torch, ray) happen inside the handlers, so ``--help`` stays fast.
+``trainer.command`` (train). Heavy imports (torch, ray) happen inside the handlers, so ``--help`` stays fast.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import sys
 from analysis.workloads import DISTRIBUTIONS
 from balancer import available_methods
 from freescale import __version__, datasets, demo, planning, report, simulate
+from trainer import command
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -113,9 +114,42 @@ def _demo(sub) -> None:
 
 
 def _train(sub) -> None:
-    from trainer.cli import register
-
-    register(sub)
+    p = sub.add_parser("train", help="train an HSTU-style model on balanced microbatches (N local ranks)",
+                       description=command.__doc__)
+    p.add_argument("--data", help="dataset directory in the data contract (default: the bundled MovieLens sample)")
+    p.add_argument("--nproc", type=int, default=2,
+                   help="local ranks to spawn (default 2); under torchrun each process is one rank instead")
+    p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="process-group backend")
+    p.add_argument("--transport", choices=("gloo", "nccl", "ce"),
+                   help="embedding all-to-all: gloo, nccl, or ce (copy engines, cuda_ext; needs --backend nccl); "
+                        "default: the backend")
+    p.add_argument("--steps", type=int, default=250, help="optimizer steps (default 250: ~50 MovieLens epochs)")
+    p.add_argument("--balance", choices=("on", "off"), default="on",
+                   help="on: the loader's balanced planner; off: count split (naive)")
+    p.add_argument("--overlap", choices=("on", "off"), default="on",
+                   help="prefetch the next microbatch's embedding exchange beside compute")
+    p.add_argument("--metrics-out", help="per rank and step JSONL (and FILE.summary.json)")
+    p.add_argument("--compress-eb", type=float,
+                   help="compress the forward embedding rows of the exchange with this error bound (a fraction of "
+                        "each row's range; the bound starts at 2x and decays to it over the first half of training)")
+    p.add_argument("--microbatches", type=int, default=4)
+    p.add_argument("--samples-per-step", type=int, default=128)
+    p.add_argument("--d-model", type=int, default=64)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--heads", type=int, default=2)
+    p.add_argument("--attention", choices=("hstu", "softmax"), default="hstu")
+    p.add_argument("--dropout", type=float, default=0.2, help="dropout of the model (default 0.2)")
+    p.add_argument("--max-len", type=int, default=200, help="most recent events kept per history")
+    p.add_argument("--negatives", type=int, default=128, help="uniform negatives per microbatch")
+    p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate of the dense parameters")
+    p.add_argument("--emb-lr", type=float, default=0.05, help="row-wise Adagrad learning rate of the table")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--loader", choices=("inline", "ray"), default="inline",
+                   help="loader backend of every rank (ray needs --ray-address)")
+    p.add_argument("--ray-address", help="Ray cluster the ranks' loader attaches to")
+    p.add_argument("--work-dir", help="where the training split is written (under torchrun across machines: a "
+                                      "shared filesystem; default: the temporary folder)")
+    p.set_defaults(func=command.run)
 
 
 def _simulate(sub) -> None:

@@ -9,7 +9,7 @@ from ``seed``. :class:`loader.config.LoaderConfig` is a ``BatchSpec`` plus how t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -46,6 +46,10 @@ class BatchSpec:
                 f"planner must be one of {', '.join(map(repr, available_methods()))}, got {self.planner!r} "
                 "(balanced is ours; the others are the reference planners, e.g. naive for an unbalanced run)"
             )
+
+    def as_kwargs(self) -> dict:
+        """The fields as keyword arguments (``SequenceLoader(source, **spec.as_kwargs(), ...)``)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
     def plan(self, lengths: np.ndarray, *, method: str | None = None, **locality) -> balancer.Plan:
         """``balancer.plan`` of one step's ``lengths`` with these settings (``method``: another planner than

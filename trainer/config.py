@@ -7,12 +7,13 @@ from dataclasses import dataclass
 import torch
 
 from cuda_ext.compress import code_bits
+from loader.spec import BatchSpec
 from trainer.transport.compressed import ErrorBoundSchedule
 
 
 @dataclass
 class TrainConfig:
-    """Everything ``freescale train`` takes (trainer/cli.py maps its flags here); validated on construction.
+    """Everything ``freescale train`` takes (trainer/command.py maps the flags of `freescale train` here); validated on construction.
     Pickled into every rank, with the `trainer.data.Split`: nothing else is."""
 
     data: str
@@ -67,6 +68,11 @@ class TrainConfig:
         if self.loader_backend == "ray" and self.ray_address is None:
             raise ValueError("loader backend 'ray' needs ray_address (the ranks must share one Ray cluster: "
                              "start one with `ray start --head` and pass its address), or use the inline loader")
+
+    def batch(self, world: int) -> BatchSpec:
+        """The shape of every step over ``world`` ranks: the balanced planner, or the count split (naive)."""
+        return BatchSpec(ranks=world, microbatches=self.microbatches, samples_per_step=self.samples_per_step,
+                         seed=self.seed, planner="balanced" if self.balance else "naive")
 
     def error_bounds(self) -> ErrorBoundSchedule | None:
         """The forward rows' bound schedule: 2 * compress_eb decaying to compress_eb over the first half of the

@@ -114,11 +114,9 @@ class RankTrainer:
         """The rank's loader over the training split (every rank builds the same one)."""
         cfg, world = self.cfg, self.place.world
         inline = cfg.loader_backend == "inline"
-        return SequenceLoader(self.split.train, ranks=world, microbatches=cfg.microbatches,
-                              samples_per_step=cfg.samples_per_step, max_seq_len=cfg.max_len, seed=cfg.seed,
-                              backend=cfg.loader_backend, planner="balanced" if cfg.balance else "naive",
-                              num_readers=1 if inline else None, ray_address=cfg.ray_address,
-                              name=None if inline else f"freescale-train-{self.place.run_id}")
+        return SequenceLoader(self.split.train, **cfg.batch(world).as_kwargs(), max_seq_len=cfg.max_len,
+                              backend=cfg.loader_backend, num_readers=1 if inline else None,
+                              ray_address=cfg.ray_address, name=None if inline else f"freescale-train-{self.place.run_id}")
 
     def run(self, loader: SequenceLoader) -> list[StepRecord]:
         """``cfg.steps`` steps (epochs cycled); one record per step."""

@@ -120,7 +120,7 @@ def test_commands_point_at_real_entry_points():
         assert "freescale" in modules
         start = [i for i, a in enumerate(argv) if a == "freescale" and argv[i - 1] == "-m"][0]
         args = parser.parse_args(argv[start + 1:])  # the subcommand and every flag exist
-        assert argv[start + 1] == "train" and args.func.__module__ == "trainer.cli"
+        assert argv[start + 1] == "train" and args.func.__module__ == "trainer.command"
         assert args.loader == "ray" and args.ray_address
     launch = _freescale_commands()[1]
     assert "torch.distributed.run" in launch and "--rdzv-endpoint 10.200.0.1:29400" in launch
