@@ -49,6 +49,23 @@ class Microbatch:
     def num_tokens(self) -> int:
         return len(self.item_ids)
 
+    def as_nested(self, column: str = "item_ids") -> torch.Tensor:
+        """``column`` (``item_ids``, ``timestamps`` or a feature) as a ``torch.nested`` jagged-layout tensor
+        of shape (n, j): sample i is row i. A view: its ``values()`` are this microbatch's tensor, not a copy,
+        so an embedding or projection of them keeps the jagged structure
+        (``torch.nested.nested_tensor_from_jagged(emb(nt.values()), nt.offsets())``), as SDPA and
+        flex_attention take it."""
+        if column == "item_ids":
+            values = self.item_ids
+        elif column == "timestamps" and self.timestamps is not None:
+            values = self.timestamps
+        elif column in self.features:
+            values = self.features[column]
+        else:
+            have = ["item_ids"] + ["timestamps"] * (self.timestamps is not None) + list(self.features)
+            raise ValueError(f"as_nested: no column {column!r} in this microbatch; it has {', '.join(have)}")
+        return torch.nested.nested_tensor_from_jagged(values, offsets=self.offsets)
+
 
 class MessageSteps(Sequence):
     """The K steps of one rank's message: ``steps[k]`` is step k's M microbatches.
