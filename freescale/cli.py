@@ -109,6 +109,8 @@ def _demo(sub) -> None:
     p = sub.add_parser("demo", help="convert the bundled MovieLens sample, compare planners, stream it through Ray",
                        description=demo.__doc__)
     p.add_argument("--out", help="keep the converted Parquet here (default: a temporary folder)")
+    p.add_argument("--report-out", default="out/demo-report",
+                   help="write the epoch's report.html and report.json here (default: %(default)s)")
     add_plan_flags(p, ranks=4, microbatches=4, step=128)
     p.set_defaults(func=demo.run)
 
