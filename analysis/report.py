@@ -46,12 +46,14 @@ def build_report(
     *,
     seconds_per_cost: float | None = None,
     progress: Callable[[Iterable], Iterable] = iter,
+    evaluated: dict[str, dict] | None = None,
 ) -> dict:
     """Every number of the report (see ``docs/report.md`` for the keys) over ``steps``: each step's
     sample lengths, in batch order, planned with ``spec``'s settings and each of ``methods``.
 
     ``seconds_per_cost`` converts cost units to seconds; ``None`` leaves the GPU-hours out (lost time is
     then reported in cost units only). ``methods`` must include ``balanced``: it picks the worst step.
+    ``evaluated``: ``evaluate_epoch``'s result for these steps, spec and methods, when the caller has it already.
     """
     methods = list(dict.fromkeys(methods))
     if "balanced" not in methods:
@@ -61,7 +63,9 @@ def build_report(
         raise ValueError(f"seconds_per_cost must be a positive number, got {seconds_per_cost!r}")
     steps = [np.asarray(s, dtype=np.int64) for s in steps]
     lengths = np.concatenate(steps) if steps else np.zeros(0, dtype=np.int64)
-    per_step = {m: r["steps"] for m, r in evaluate_epoch(steps, spec, methods, progress=progress).items()}
+    if evaluated is None:
+        evaluated = evaluate_epoch(steps, spec, methods, progress=progress)
+    per_step = {m: evaluated[m]["steps"] for m in methods}
     bubble = {m: v["bubble_fraction"] for m, v in per_step.items()}  # lockstep bubble fraction per step
     max_over_mean = {m: v["max_over_mean"] for m, v in per_step.items()}
     lost_cost = {m: v["idle_cost"] for m, v in per_step.items()}  # lost GPU time per step, cost units

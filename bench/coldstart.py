@@ -47,7 +47,7 @@ TARGET_FIRST_BATCH_S = 1.0  # issue 16, point 5
 
 
 def first_block(path: str, seed: int, samples_per_step: int, shuffle_window: int | None):
-    """The loader's first shuffle block of epoch 0: (index, its row groups, bytes they decode to)."""
+    """The loader's first shuffle block of epoch 0: (the source's index, the block's row groups)."""
     from loader.config import LoaderConfig
     from loader.pipeline import EpochRun
     from loader.sources import index_source

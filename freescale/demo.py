@@ -40,14 +40,16 @@ def run(args: argparse.Namespace) -> int:
         epoch = epoch_lengths(out, config)
         print(f"planning the loader's {len(epoch.steps)} steps of {args.samples_per_step} histories onto "
               f"{args.ranks} ranks x {args.microbatches} microbatches (cost = L^2)")
-        print(format_table(evaluate_args(epoch.steps, config, args)))
-        _report(out, config, args)
+        evaluated = evaluate_args(epoch.steps, config, args)
+        print(format_table(evaluated))
+        _report(out, config, epoch, evaluated, args)
         _ingest(out, len(epoch.lengths), args)
     return 0
 
 
-def _report(data: Path, config, args: argparse.Namespace) -> None:
-    """Write the epoch's report under ``--report-out``; print where, and the verdict."""
+def _report(data: Path, config, epoch, evaluated: dict, args: argparse.Namespace) -> None:
+    """Write the report of ``epoch`` (already read and planned: ``evaluated``) under ``--report-out``; print
+    where, and the verdict."""
     from balancer import CostModel
     from freescale.report import make_report
     from freescale.report_html import render_html
@@ -59,8 +61,9 @@ def _report(data: Path, config, args: argparse.Namespace) -> None:
         stated = "an HSTU of 4 layers, d_model 256, at 200 TFLOP/s"
     else:
         seconds_per_cost, stated = 1.0, "the --cost-model file's seconds"
-    methods = list(dict.fromkeys(["balanced", "naive", *(m.strip() for m in args.methods.split(",") if m.strip())]))
-    report = make_report(data, config, methods=methods, seconds_per_cost=seconds_per_cost)
+    methods = list(dict.fromkeys(["balanced", "naive", *evaluated]))  # the verdict compares these two
+    report = make_report(data, config, methods=methods, seconds_per_cost=seconds_per_cost, epoch=epoch,
+                         evaluated=evaluated if len(methods) == len(evaluated) else None)  # else plan them all
     out = Path(args.report_out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")

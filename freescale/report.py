@@ -29,12 +29,14 @@ def calibration(args: argparse.Namespace) -> tuple[CostModel | None, float | Non
     return cost_model, seconds
 
 
-def make_report(data, config, *, methods, seconds_per_cost: float | None = None, progress: bool = False) -> dict:
+def make_report(data, config, *, methods, seconds_per_cost: float | None = None, progress: bool = False,
+                epoch=None, evaluated: dict | None = None) -> dict:
     """report.json's dict for the steps ``SequenceLoader(data, **config)`` delivers in epoch 0.
 
     ``config`` is a ``loader.config.LoaderConfig`` (its backend and planner are not used); every step is
     planned with each of ``methods``. ``dataset.skipped`` counts the rows skipped per reason, as the
-    loader's ``stats()["rows_skipped"]`` does.
+    loader's ``stats()["rows_skipped"]`` does. ``epoch`` (``loader.lengths.epoch_lengths`` of ``data`` and
+    ``config``) and ``evaluated`` (``evaluate_epoch`` of its steps): what the caller has already read and planned.
     """
     from analysis.report import build_report
     from freescale.planning import bar
@@ -44,8 +46,10 @@ def make_report(data, config, *, methods, seconds_per_cost: float | None = None,
         return items
 
     read, plan = (bar("reading row groups", "block"), bar("planning steps", "step")) if progress else (quiet, quiet)
-    epoch = epoch_lengths(data, config, progress=read)
-    report = build_report(epoch.steps, config, methods, seconds_per_cost=seconds_per_cost, progress=plan)
+    if epoch is None:
+        epoch = epoch_lengths(data, config, progress=read)
+    report = build_report(epoch.steps, config, methods, seconds_per_cost=seconds_per_cost, progress=plan,
+                          evaluated=evaluated)
     report["config"].update(shuffle=config.shuffle, shuffle_window=config.window, max_seq_len=config.max_seq_len,
                             drop_last=config.drop_last)
     counts = epoch.counts
