@@ -70,7 +70,7 @@ class Control:
         self.config = config
         self.fingerprint = fingerprint
         self.dtypes = index.roles[0]
-        self.attached = 0
+        self.attached: list[Where] = []  # the process of each attached loader
         self.readers: list = []
         self.nodes: list[str] = []
         self.ready = asyncio.Event()
@@ -80,15 +80,15 @@ class Control:
         # compile or load the planner's kernels beside the first reads (the first plan waits on numba's lock)
         threading.Thread(target=warm_up, args=(config,), daemon=True).start()
 
-    async def attach(self, fingerprint: tuple, name: str) -> bool:
-        """Count one more loader; True for the first, which must start the readers."""
+    async def attach(self, fingerprint: tuple, name: str, where: Where) -> bool:
+        """Count the loader of the process at ``where``; True for the first, which must start the readers."""
         if tuple(fingerprint) != tuple(self.fingerprint):
             raise ValueError(
                 f"a loader named {name!r} already runs with other data or arguments; construct this "
                 "loader with the same source and arguments, or give it another name"
             )
-        self.attached += 1
-        return self.attached == 1
+        self.attached.append(where)
+        return len(self.attached) == 1
 
     async def set_readers(self, readers: list, nodes: list[str]) -> None:
         """The readers, and the node each is pinned to."""
@@ -102,10 +102,14 @@ class Control:
         for reader in self.readers:
             ray.kill(reader)
 
-    async def detach(self) -> int:
-        """One loader let go; the number still attached."""
-        self.attached -= 1
-        return self.attached
+    async def detach(self, where: Where) -> int:
+        """The loader of the process at ``where`` let go: the number of loaders still attached whose
+        process lives (one that died without closing, such as a failed trainer worker, is not waited for)."""
+        self.attached.remove(where)
+        if self.attached:
+            alive = await self._alive(self.attached)
+            self.attached = [w for w, ok in zip(self.attached, alive) if ok]
+        return len(self.attached)
 
     async def close(self) -> None:
         """Stop serving: the run in progress ends, and reads still queued on the readers are
@@ -298,7 +302,7 @@ class RayClient:
         # it: both take a process start and their imports, and the first batch waits for both.
         readers = take_readers(count) if not _exists(options) else None
         self.control = ActorControl(Coordinator.options(**options).remote(index, config, shape))
-        if _get(self.control.call("attach", shape, config.name)):
+        if _get(self.control.call("attach", shape, config.name, self.where)):
             self.control.call("set_readers", *(readers or take_readers(count)))
         elif readers is not None:  # another process created it first: its readers serve
             give_back(*readers)
@@ -324,7 +328,7 @@ class RayClient:
             give_back(*self.readers)  # warm for this process's next loader
             return
         try:
-            remaining = _get(self.control.call("detach"))
+            remaining = _get(self.control.call("detach", self.where))
         except RayActorError:  # already gone (its owner exited, or it was killed)
             return
         if remaining <= 0:

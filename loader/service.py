@@ -84,6 +84,7 @@ class _Run:
         self.tasks: list[asyncio.Task] = []
         self.produced = 0  # steps planned so far
         self.blocked_on: int | None = None  # rank whose full queue holds the producer back
+        self.failed = False  # every rank still in it was handed an error
         self.sender: _Sender | None = None
 
 
@@ -136,6 +137,11 @@ class Service:
             if run is None:
                 run = self.run = self._start(key)
             busy = set(ranks) & (run.joined - run.finished)
+            if busy and self.alive is not None:  # a restarted rank: its old process may be gone, unnoticed yet
+                await self._bury(run, sorted(busy))
+                busy -= run.finished
+                if self.run is not run:  # burying retired it
+                    continue
             if busy:
                 raise ValueError(
                     f"rank(s) {sorted(busy)} already iterate {run.key} on this loader; finish or close "
@@ -234,6 +240,7 @@ class Service:
 
     def _fail(self, run: _Run, error: Exception) -> None:
         """Every rank still in the run gets ``error`` instead of its remaining messages."""
+        run.failed = True
         for rank in range(self.config.ranks):
             if rank not in run.finished:
                 queue = run.queues[rank]
@@ -319,24 +326,30 @@ class Service:
             self._fail(run, exc)
 
     async def _watch(self, run: _Run) -> None:
-        """End the run with a named error when a rank's process is gone."""
+        """End the run with a named error when a rank's process is gone; keep watching the others,
+        so the run retires once every rank has died or left (a restarted group's run then starts)."""
         while True:
             await asyncio.sleep(WATCH_INTERVAL_S)
-            watched = sorted(r for r in run.joined - run.finished if run.where[r].pid is not None)
-            if not watched:
-                continue
-            alive = await self.alive([run.where[r] for r in watched])
-            dead = [rank for rank, ok in zip(watched, alive) if not ok]
-            if dead:
-                rank = dead[0]
-                step = run.asked.get(rank, run.key.step)
-                self._fail(run, RuntimeError(
-                    f"rank {rank}'s process died at step {step} of {run.key}; restart the job and load "
-                    "the last state (loader.load_state_dict)"
-                ))
-                for r in dead:
-                    run.finished.add(r)
-                return
+            await self._bury(run, sorted(run.joined - run.finished))
+
+    async def _bury(self, run: _Run, ranks: list[int]) -> None:
+        """Finish those of ``ranks`` whose process is gone; the first such death fails the run for the others."""
+        watched = [r for r in ranks if run.where[r].pid is not None]
+        if not watched:
+            return
+        alive = await self.alive([run.where[r] for r in watched])
+        dead = [rank for rank, ok in zip(watched, alive) if not ok and rank not in run.finished]
+        if not dead:
+            return
+        if not run.failed:
+            rank = dead[0]
+            step = run.asked.get(rank, run.key.step)
+            self._fail(run, RuntimeError(
+                f"rank {rank}'s process died at step {step} of {run.key}; restart the job and load "
+                "the last state (loader.load_state_dict)"
+            ))
+        for r in dead:
+            self._finish(run, r)
 
     def _describe(self, run: _Run) -> str:
         never = sorted(set(range(self.config.ranks)) - run.joined)

@@ -172,6 +172,40 @@ def test_a_rank_leaving_frees_the_producer_blocked_on_its_queue(index):
     asyncio.run(main())
 
 
+def test_a_restarted_group_replaces_ranks_whose_processes_died(index, monkeypatch):
+    # A trainer group that failed and restarted (torchrun, Ray Train): the old processes never left their run.
+    monkeypatch.setattr("loader.service.WATCH_INTERVAL_S", 0.05)
+    dead: set[int] = set()
+
+    async def alive(wheres):
+        return [w.pid not in dead for w in wheres]
+
+    async def main():
+        service, _ = _service(index)
+        service.alive = alive
+        _, old = await service.open([0], RunKey(0), 5.0, Where("node-a", pid=10))
+        await service.open([1], RunKey(0), 5.0, Where("node-a", pid=11))
+        _, first = await _take(service, 0, old)
+        await _take(service, 1, old)
+        after = RunKey(0, step=1, cursor=int(first.cursors[0]))  # the state after step 0
+        with pytest.raises(ValueError, match="already iterate"):  # rank 0's process lives: a real mistake
+            await service.open([0], after, 0.2, Where("node-a", pid=20))
+        dead.add(11)  # rank 1's process dies: the watch fails the run for rank 0 with a named error
+        await asyncio.sleep(0.3)
+        kind, error = await _take(service, 0, old)
+        assert kind == "error" and "rank 1's process died at step 0 of epoch 0 from step 0" in str(error)
+        dead.add(10)  # rank 0's process is killed too, before it left; its replacement opens at once
+        kind, new = await service.open([0], after, 5.0, Where("node-a", pid=20))
+        assert kind == "open" and new != old
+        assert (await service.open([1], after, 5.0, Where("node-a", pid=21)))[1] == new
+        steps = []
+        while (shares := [await service.next(r, new, len(steps) + 1, 5.0) for r in (0, 1)])[0][0] == "step":
+            steps.append([value.first_step for _, value in shares])
+        assert steps == [[s, s] for s in range(1, 16)] and service.run is None
+
+    asyncio.run(main())
+
+
 @pytest.mark.parametrize("nodes,warned", [(4, True), (2, False)])
 def test_a_shuffle_window_narrower_than_the_nodes_is_named(index, nodes, warned):
     # 15-row row groups and a 30-row window: two row groups per block, so at most two home nodes per block
