@@ -93,5 +93,12 @@ class RankDataset(IterableDataset):
             self._mid_epoch = True
 
     def close(self) -> None:
+        """Let the loader go (a named one's coordinator ends with the last process attached to it)."""
         if self._loader is not None:
             self._loader.close()
+
+    def __enter__(self) -> RankDataset:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
