@@ -5,13 +5,15 @@ current one is planned (two blocks in memory, as with Ray). The planner sees the
 statuses and lengths only, as the Ray coordinator does, and every rank's tensors are gathered
 straight from the decoded row groups. Every iterator runs its own pass over the epoch and keeps
 its ranks' messages, so ranks may be iterated one after another. Steps are counted once in
-``stats()`` however many iterators plan them.
+``stats()`` however many iterators plan them; each rank's wait is the time its iterator spent reading
+and planning its next step (nothing is queued or fetched: queue depth and bytes fetched stay 0).
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import closing
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -33,7 +35,7 @@ class InlineClient:
         self.index = index
         self.config = config
         self.pool = ThreadPoolExecutor(max_workers=config.num_readers or os.cpu_count() or 1)
-        self._stats = Stats(index.skipped_files)
+        self._stats = Stats(config.ranks, index.skipped_files)
         self._lock = threading.Lock()
         # one process: the layout only shapes the plans, when the user declares one
         self.layout = NodeLayout.per_node(config.ranks, config.ranks_per_node) if config.ranks_per_node else None
@@ -70,6 +72,11 @@ class InlineClient:
         with self._lock:
             self._stats.record(planned)
 
+    def taken(self, ranks: tuple[int, ...], seconds: float) -> None:
+        with self._lock:
+            for rank in ranks:
+                self._stats.taken(rank, seconds, 0)
+
 
 def read_blocks(
     run: EpochRun, index: SourceIndex, config: LoaderConfig, pool: ThreadPoolExecutor
@@ -105,6 +112,7 @@ class InlineStream:
         self.holder = np.zeros(len(client.index.units), dtype=np.int64)  # every unit is held here
 
     def next_message(self) -> dict[int, RankMessage] | None:
+        asked = time.monotonic()
         item = next(self.steps, None)
         if item is None:
             return None
@@ -115,6 +123,7 @@ class InlineStream:
             way = route(message.unit, message.unit_row, self.holder, 0)
             message.take(way, [held[u].rows for u in way.units.tolist()], [])
             out[rank] = message
+        self.client.taken(self.ranks, time.monotonic() - asked)
         return out
 
     def close(self) -> None:

@@ -23,6 +23,10 @@
   event is written once into the object store of the node that read it and once into the
   trainer's tensor; rows that cross nodes are packed once more on the way.
 
+The control plane publishes the loader's stats as Ray metrics and readers count what they decode
+(:mod:`loader.metrics`); a trainer process tells the control plane, with each request, how long
+its rank waited for the previous message and how many bytes it mapped for it.
+
 The coordinator and readers are owned by the process that created them: that process must outlive
 the others' use of them (Ray kills a non-detached actor with its owner's job).
 """
@@ -43,6 +47,7 @@ from ray.exceptions import ActorUnavailableError, ObjectLostError, RayActorError
 from loader.assemble import RankMessage
 from loader.clean import UnitMeta
 from loader.config import LoaderConfig
+from loader.metrics import PUBLISH_S, Publisher, loader_tag
 from loader.pipeline import Resume, warm_up
 from loader.reader import Held, give_back, take_readers
 from loader.service import RunKey, Service, SourcesLost, Where
@@ -75,6 +80,9 @@ class Control:
         self.nodes: list[str] = []
         self.ready = asyncio.Event()
         self.inflight: set[ray.ObjectRef] = set()  # reads sent and not answered yet
+        self.tag = loader_tag(config.name)
+        self.publisher = Publisher(self.tag)
+        self.publishing: asyncio.Task | None = None
         self.service = Service(index, config, fetch=self._fetch, pack=self._pack, renew=self._renew,
                                alive=self._alive if watch else None, readahead=2 * (config.num_readers or 2))
         # compile or load the planner's kernels beside the first reads (the first plan waits on numba's lock)
@@ -96,6 +104,12 @@ class Control:
         self.busy = [0] * len(readers)  # calls in flight per reader
         self.nodes = list(nodes)
         self.ready.set()
+        self.publishing = asyncio.ensure_future(self._publish())
+
+    async def _publish(self) -> None:
+        while True:
+            self.publisher.publish(self.service.stats.as_dict())
+            await asyncio.sleep(PUBLISH_S)
 
     async def release(self) -> None:
         """Kill the readers: the last loader closes."""
@@ -117,12 +131,15 @@ class Control:
         self.service.close()
         for call in list(self.inflight):
             ray.cancel(call)
+        if self.publishing is not None:
+            self.publishing.cancel()
+            self.publisher.publish(self.service.stats.as_dict())
 
     async def open(self, ranks: list[int], key: RunKey, timeout: float, where: Where):
         return await self.service.open(ranks, key, timeout, where)
 
-    async def next(self, rank: int, run_id: int, step: int, timeout: float):
-        return await self.service.next(rank, run_id, step, timeout)
+    async def next(self, rank: int, run_id: int, step: int, timeout: float, taken: tuple[float, int]):
+        return await self.service.next(rank, run_id, step, timeout, taken)
 
     async def repair(self, rank: int, run_id: int, step: int):
         return await self.service.repair(rank, run_id, step)
@@ -180,7 +197,7 @@ class Control:
         spec = self.index.only(unit)
 
         async def read(i: int):
-            call = self.readers[i].read.remote(spec, self.config.max_seq_len, self.config.skip_corrupt)
+            call = self.readers[i].read.remote(spec, self.config.max_seq_len, self.config.skip_corrupt, self.tag)
             self.inflight.add(call)
             try:
                 meta, ref, pid = await call
@@ -349,6 +366,8 @@ class RayStream:
         self.control = control
         self.ranks = ranks
         self.want = dict.fromkeys(ranks, key.step)  # rank -> the step it asks for next
+        # rank -> (seconds it waited for its last message, bytes it mapped for it), told with its next request
+        self.taken = dict.fromkeys(ranks, (0.0, 0))
         since, warned = time.monotonic(), False
         while True:
             kind, value = _get(control.call("open", list(ranks), key, _POLL_S, where))
@@ -366,6 +385,7 @@ class RayStream:
         for rank in self.ranks:
             if rank not in self.members:
                 continue
+            asked = time.monotonic()
             while (reply := self._take(rank))[0] == "wait":
                 warned = _warn_once(reply[1], since, warned)
                 self.ahead[rank] = self._request(rank)
@@ -381,6 +401,7 @@ class RayStream:
             # borrows them. Asked for first, a rank's fetch could wait forever on an object its owner
             # had already let go (a rank "stopped taking its queued steps").
             value = self._fetch_sources(rank, value)
+            self.taken[rank] = (time.monotonic() - asked, sum(rows.nbytes for rows in value.sources))
             self.want[rank] = value.last_step + 1
             self.ahead[rank] = self._request(rank)
             messages[rank] = value
@@ -411,7 +432,7 @@ class RayStream:
         self.ahead = {}
 
     def _request(self, rank: int):
-        return self.control.call("next", rank, self.run_id, self.want[rank], _POLL_S)
+        return self.control.call("next", rank, self.run_id, self.want[rank], _POLL_S, self.taken[rank])
 
     def _take(self, rank: int) -> tuple[str, object]:
         """The reply to the rank's request in flight; asked again while the call fails in transit."""

@@ -22,6 +22,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from loader.assemble import pack
 from loader.clean import UnitMeta
+from loader.metrics import record_read
 from loader.read import read_unit
 from loader.sources import SourceIndex
 
@@ -60,9 +61,12 @@ class Reader:
     check never waits behind queued reads.
     """
 
-    def read(self, unit: SourceIndex, max_seq_len: int | None, skip_corrupt: bool) -> tuple[UnitMeta, ray.ObjectRef, int]:
-        """Read ``unit`` (an index of one row group, :meth:`SourceIndex.only`)."""
+    def read(self, unit: SourceIndex, max_seq_len: int | None, skip_corrupt: bool,
+             loader: str) -> tuple[UnitMeta, ray.ObjectRef, int]:
+        """Read ``unit`` (an index of one row group, :meth:`SourceIndex.only`) for the loader
+        tagged ``loader`` in the metrics."""
         chunk = read_unit(unit, 0, max_seq_len=max_seq_len, skip_corrupt=skip_corrupt)
+        record_read(loader, ray.get_runtime_context().get_node_id(), len(chunk.status), chunk.rows.nbytes)
         return chunk.meta(), ray.put(chunk.rows), os.getpid()
 
     def pack(self, pieces: dict[int, tuple[np.ndarray, np.ndarray]], refs: dict[int, ray.ObjectRef],

@@ -32,6 +32,11 @@ class Rows:
         """Events per row, int64 (n,)."""
         return np.diff(self.offsets)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of every array held."""
+        return sum(a.nbytes for a in (self.user_ids, self.offsets, self.cut, *self.events.values()))
+
     def slice(self, start: int, stop: int) -> Rows:
         """Rows ``[start, stop)``: views of the event arrays, offsets rebased to 0."""
         first, last = int(self.offsets[start]), int(self.offsets[stop])

@@ -121,8 +121,9 @@ class Service:
         self.renew = renew or _nothing_lost
         self.readahead = readahead
         self.message_bytes = message_bytes
-        self.stats = Stats(index.skipped_files)
+        self.stats = Stats(config.ranks, index.skipped_files)
         self.run: _Run | None = None
+        self._told: dict[int, tuple[int, int]] = {}  # rank -> (run, step) of the request whose ``taken`` was counted
         self._ids = itertools.count()
         dtypes = index.roles[0]
         self.event_bytes = sum(np.dtype(t).itemsize for t in dtypes.values())  # per event, every column
@@ -158,11 +159,17 @@ class Service:
             except asyncio.TimeoutError:
                 return "wait", f"{key} waits until every rank has finished {run.key}: {self._describe(run)}"
 
-    async def next(self, rank: int, run_id: int, step: int, timeout: float) -> tuple[str, object]:
+    async def next(self, rank: int, run_id: int, step: int, timeout: float,
+                   taken: tuple[float, int] | None = None) -> tuple[str, object]:
         """The rank's message starting at step ``step`` (the step after the last one it received):
         ``("step", RankMessage)``, ``("end", None)``, ``("error", exception)``, or ``("wait", why)``
         after ``timeout`` seconds without one. Asking again for the message handed out last
-        returns it again (its reply was lost); asking for a later step lets it go."""
+        returns it again (its reply was lost); asking for a later step lets it go. ``taken``: the
+        seconds the rank waited for its previous message and the bytes it mapped for it, counted
+        in :attr:`stats` once however often the request is repeated."""
+        if taken is not None and self._told.get(rank) != (run_id, step):
+            self._told[rank] = (run_id, step)
+            self.stats.taken(rank, *taken)
         run = self.run
         if run is None or run.id != run_id or rank in run.finished:
             return "end", None
@@ -177,10 +184,11 @@ class Service:
             return "wait", f"rank {rank} waits for step {step} of {run.key}: {self._describe(run)}"
         if kind != "step":
             self._finish(run, rank)
-        elif value.first_step != step:
+            return kind, value
+        self.stats.queue_depth[rank] -= 1
+        if value.first_step != step:
             raise RuntimeError(f"rank {rank} asked for step {step} of {run.key} but step {value.first_step} is next")
-        else:
-            run.held[rank] = value
+        run.held[rank] = value
         return kind, value
 
     async def repair(self, rank: int, run_id: int, step: int) -> tuple[str, object]:
@@ -213,6 +221,7 @@ class Service:
             for task in run.tasks:
                 task.cancel()
             run.retired.set()
+        self.stats.queue_depth = [0] * self.config.ranks
 
     # ------------------------------------------------------------------ the run
 
@@ -230,8 +239,7 @@ class Service:
         if queue.empty():  # a next() may wait on it: wake it
             queue.put_nowait(("end", None))
         else:  # no next() waits on a non-empty queue, but the producer may: free it (an "end"
-            while not queue.empty():  # put here would block it again at prefetch_steps=1)
-                queue.get_nowait()
+            self._drop_queued(run, rank)  # put here would block it again at prefetch_steps=1)
         if len(run.finished) == self.config.ranks:
             for task in run.tasks:
                 task.cancel()
@@ -243,10 +251,14 @@ class Service:
         run.failed = True
         for rank in range(self.config.ranks):
             if rank not in run.finished:
-                queue = run.queues[rank]
-                while not queue.empty():
-                    queue.get_nowait()
-                queue.put_nowait(("error", error))
+                self._drop_queued(run, rank)
+                run.queues[rank].put_nowait(("error", error))
+
+    def _drop_queued(self, run: _Run, rank: int) -> None:
+        queue = run.queues[rank]
+        while not queue.empty():
+            queue.get_nowait()
+        self.stats.queue_depth[rank] = 0
 
     def _layout(self, run: _Run) -> tuple[NodeLayout | None, list]:
         """The trainer nodes' layout (None: unknown) and each rank's node key; the plan follows the
@@ -316,6 +328,8 @@ class Service:
                     if rank not in run.finished:
                         run.blocked_on = rank
                         await run.queues[rank].put(("step", message))
+                        if rank not in run.finished:  # (a rank finishing meanwhile dropped its queue)
+                            self.stats.queue_depth[rank] += 1
                 run.blocked_on = None
             for rank in range(self.config.ranks):
                 if rank not in run.finished:

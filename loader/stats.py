@@ -3,11 +3,19 @@
 Counts are taken when the epoch order passes a row, one :class:`Counts` per planned step, so at
 every step boundary ``rows_read == rows_delivered + sum(rows_skipped)``. Rows of corrupt files
 whose footer cannot be read are unknown: such files are counted in ``files_skipped`` instead.
+Beside the counts: rows delivered per second over a recent window (:class:`Rate`) and, per rank,
+its queue depth, the seconds its iterator waited for messages and the bytes it mapped for them.
+These figures are what :mod:`loader.metrics` publishes as Ray metrics.
 """
 
 from __future__ import annotations
 
+import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+
+RATE_WINDOW_S = 10.0  # rows per second are measured over this many seconds
 
 
 @dataclass
@@ -38,7 +46,8 @@ class Stats:
     epoch): ``record`` keeps the first report of each (epoch, step) and ignores repeats.
     """
 
-    def __init__(self, skipped_files: tuple[tuple[str, str], ...] = ()) -> None:
+    def __init__(self, ranks: int, skipped_files: tuple[tuple[str, str], ...] = (), *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.counts = Counts()
         self.steps = 0
         self.planner_seconds = 0.0
@@ -49,6 +58,11 @@ class Stats:
         self.max_over_lb_sum = 0.0
         self.max_over_lb_max = 0.0
         self.skipped_files = skipped_files
+        self.clock = clock
+        self.rate = Rate(clock())
+        self.queue_depth = [0] * ranks  # messages waiting in each rank's queue (Ray; its control plane keeps it)
+        self.wait_seconds = [0.0] * ranks
+        self.bytes_fetched = [0] * ranks
         self._seen: dict[int, set] = {}
 
     def record(self, planned) -> None:
@@ -56,6 +70,7 @@ class Stats:
         if not self._first(planned.epoch, planned.step):
             return
         self.counts.add(planned.counts)
+        self.rate.add(planned.counts.delivered, self.clock())
         self.steps += 1
         self.planner_seconds += planned.planner_seconds
         self.planner_max = max(self.planner_max, planned.planner_seconds)
@@ -65,6 +80,11 @@ class Stats:
         ratio = float(planned.metrics.get("max_over_lower_bound", 1.0))
         self.max_over_lb_sum += ratio
         self.max_over_lb_max = max(self.max_over_lb_max, ratio)
+
+    def taken(self, rank: int, seconds: float, nbytes: int) -> None:
+        """Rank ``rank`` waited ``seconds`` for a message and mapped ``nbytes`` bytes of objects for it."""
+        self.wait_seconds[rank] += seconds
+        self.bytes_fetched[rank] += nbytes
 
     def record_end(self, epoch: int, counts: Counts) -> None:
         """Add what the epoch order passed after its last step."""
@@ -97,4 +117,40 @@ class Stats:
             "max_over_lower_bound": {"mean": self.max_over_lb_sum / steps, "max": self.max_over_lb_max},
             "crossing_samples": self.crossing_samples / max(c.delivered, 1),
             "crossing_tokens": self.crossing_tokens / max(self.tokens, 1),
+            "rows_per_second": self.rate.per_second(self.clock()),
+            "ranks": [
+                {"queue_depth": depth, "wait_seconds": waited, "bytes_fetched": fetched}
+                for depth, waited, fetched in zip(self.queue_depth, self.wait_seconds, self.bytes_fetched)
+            ],
         }
+
+
+class Rate:
+    """Rows per second over the last ``window`` seconds (since ``start``, while that is shorter)."""
+
+    def __init__(self, start: float, window: float = RATE_WINDOW_S) -> None:
+        self.start = start
+        self.window = window
+        self.marks: deque[tuple[float, int]] = deque()  # (time, rows) within the window
+        self.rows = 0  # their sum
+
+    def add(self, rows: int, now: float) -> None:
+        self.marks.append((now, rows))
+        self.rows += rows
+        self._forget(now)
+
+    def per_second(self, now: float) -> float:
+        self._forget(now)
+        span = min(self.window, now - self.start)
+        return self.rows / span if span > 0 else 0.0
+
+    def _forget(self, now: float) -> None:
+        while self.marks and self.marks[0][0] <= now - self.window:
+            self.rows -= self.marks.popleft()[1]
+
+
+def slowest_rank(ranks: list[dict]) -> int:
+    """The rank taking its messages slowest (``ranks``: ``stats()["ranks"]``): the one with the most
+    messages waiting in its queue (a full queue holds the producer back), among equals the one that
+    waited least for its messages, then the lowest."""
+    return min(range(len(ranks)), key=lambda r: (-ranks[r]["queue_depth"], ranks[r]["wait_seconds"], r))

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -110,6 +111,25 @@ def record(mb) -> dict:
 def collect(loader: SequenceLoader, epoch: int = 0) -> list[list[list[dict]]]:
     """Every step of an epoch as [step][rank][microbatch] records, through iter_steps."""
     return [[[record(mb) for mb in rank] for rank in step] for step in loader.iter_steps(epoch)]
+
+
+def by_threads(loader: SequenceLoader, ranks: int, epoch: int = 0) -> list[list[dict]]:
+    """Every rank drained by its own thread, as trainer ranks would: [rank][microbatch] records."""
+    out, errors = [[] for _ in range(ranks)], []
+
+    def drain(rank):
+        try:
+            out[rank] = [record(mb) for mb in loader.iter_rank(rank, epoch)]
+        except BaseException as exc:  # re-raised below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=drain, args=(r,)) for r in range(ranks)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    return out
 
 
 def histories(steps) -> dict[int, dict]:

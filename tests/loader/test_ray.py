@@ -16,8 +16,8 @@ from loader import ray_backend
 from loader.ray_backend import NAMESPACE, coordinator_name
 from loader.reader import shutdown_readers
 
-from .helpers import (ROOT, assert_resume_equal, check_layout, collect, corrupt_row_group, histories, record,
-                      run_worker_process, source_histories, synth)
+from .helpers import (ROOT, assert_resume_equal, by_threads, check_layout, collect, corrupt_row_group, histories,
+                      record, run_worker_process, source_histories, synth)
 
 
 @pytest.fixture(scope="module")
@@ -34,25 +34,6 @@ def data(tmp_path_factory):
     return synth(tmp_path_factory.mktemp("d"), users=200, max_len=40, files=3, rows_per_group=25)
 
 
-def _by_threads(loader, ranks, epoch=0):
-    """Every rank drained by its own thread, as trainer ranks would: [rank][microbatch] records."""
-    out, errors = [[] for _ in range(ranks)], []
-
-    def drain(rank):
-        try:
-            out[rank] = [record(mb) for mb in loader.iter_rank(rank, epoch)]
-        except BaseException as exc:  # re-raised below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=drain, args=(r,)) for r in range(ranks)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not errors, errors
-    return out
-
-
 def _steps(per_rank, microbatches):
     """[rank][microbatch] -> [step][rank][microbatch]."""
     steps = len(per_rank[0]) // microbatches
@@ -66,7 +47,7 @@ def test_exactly_once_and_identical_to_inline(ray_address, data, ranks, microbat
     kwargs = dict(ranks=ranks, microbatches=microbatches, samples_per_step=samples_per_step, shuffle_window=window,
                   max_seq_len=30, seed=3, num_readers=2, ranks_per_node=per_node)
     with SequenceLoader(data, backend="ray", **kwargs) as loader:
-        per_rank = _by_threads(loader, ranks)
+        per_rank = by_threads(loader, ranks)
         stats = loader.stats()
     assert len({len(r) for r in per_rank}) == 1  # equal step counts on every rank
     steps = _steps(per_rank, microbatches)

@@ -96,6 +96,7 @@ def test_a_slow_rank_bounds_the_queues_but_not_the_fast_rank(index):
         assert taken == [0, 1, 2] and service.run.produced == 3
         assert message[0] == "wait" and "waits for rank 1 to take one of its 2 queued messages" in message[1]
         assert service.run.queues[1].qsize() == 2
+        assert [r["queue_depth"] for r in service.stats.as_dict()["ranks"]] == [0, 2]
         assert (await _take(service, 1, run_id))[1].first_step == 0  # rank 1 takes one: rank 0 gets one more
         assert (await _take(service, 0, run_id))[1].first_step == 3
         await service.leave([1], run_id)  # rank 1 stops early: rank 0 runs to the end
@@ -104,6 +105,7 @@ def test_a_slow_rank_bounds_the_queues_but_not_the_fast_rank(index):
             rest.append(message[1].first_step)
         assert message[0] == "end" and rest == list(range(4, 16))
         assert service.run is None  # every rank finished: the run retired
+        assert [r["queue_depth"] for r in service.stats.as_dict()["ranks"]] == [0, 0]
         assert service.stats.as_dict()["rows_delivered"] == 160
 
     asyncio.run(main())
@@ -151,7 +153,11 @@ def test_a_request_repeated_after_its_reply_was_lost_gets_the_same_step(index):
         assert kind == "step" and lost.first_step == 0
         kind, again = await service.next(0, run_id, 0, 5.0)
         assert kind == "step" and again is lost  # the same message, not step 1
-        assert (await service.next(0, run_id, 1, 5.0))[1].first_step == 1  # asking for a later step moves on
+        # asking for a later step moves on; the request tells what the rank waited and mapped for step 0,
+        told = (0.25, 1000)  # counted once however often it is asked again
+        assert [(await service.next(0, run_id, 1, 5.0, told))[1].first_step for _ in range(2)] == [1, 1]
+        assert {k: service.stats.as_dict()["ranks"][0][k] for k in ("wait_seconds", "bytes_fetched")} == {
+            "wait_seconds": 0.25, "bytes_fetched": 1000}
         assert [(await service.next(1, run_id, step, 5.0))[1].first_step for step in (0, 1)] == [0, 1]
 
     asyncio.run(main())
