@@ -4,7 +4,9 @@ Convert the bundled ratings into the data contract, plan every step of the loade
 ``balanced`` and each reference planner and print the balance table; write the offline report of that
 epoch (report.html and report.json, ``--report-out``) and print its verdict; then stream the epoch through
 ``loader.SequenceLoader`` on a local Ray (reader actors, coordinator, per-rank queues) and report
-what every rank received and the balance of the delivered plan.
+what every rank received and the balance of the delivered plan. While it streams, the progress bar shows a
+live status: rows per second and the slowest rank (the one with the most messages waiting in its queue,
+``loader.stats.slowest_rank``), how long it waited for its messages and how full its queue is.
 
 The verdict's GPU-hours use a stated calibration: with the default cost (L²), one cost unit is the attention
 FLOPs per token pair of an HSTU of 4 layers, d_model 256 (``CostModel.for_transformer``), at 200 TFLOP/s (an
@@ -17,6 +19,7 @@ import argparse
 import json
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -76,6 +79,20 @@ def _report(data: Path, config, epoch, evaluated: dict, args: argparse.Namespace
           f"histories on {args.ranks} GPUs ({stated})")
 
 
+STATUS_EVERY_S = 1.0
+
+
+def status(stats: dict, prefetch_steps: int) -> str:
+    """One line of the loader's ``stats()``: rows per second and the slowest rank, with how long it waited
+    for its messages and how many of its ``prefetch_steps`` queue places hold one."""
+    from loader.stats import slowest_rank
+
+    slowest = slowest_rank(stats["ranks"])
+    rank = stats["ranks"][slowest]
+    return (f"{stats['rows_per_second']:.3g} rows/s, slowest rank {slowest} (waited {rank['wait_seconds']:.1f} s, "
+            f"queue {rank['queue_depth']}/{prefetch_steps})")
+
+
 def _ingest(data: Path, rows: int, args: argparse.Namespace) -> None:
     """Stream one epoch through the Ray backend; print per-rank totals and the delivered balance."""
     import ray
@@ -95,6 +112,7 @@ def _ingest(data: Path, rows: int, args: argparse.Namespace) -> None:
     try:
         with SequenceLoader(data, backend="ray", **loader_arguments(args, cost_model)) as loader:
             with tqdm(total=rows, desc="ingest", unit="rows", file=sys.stderr) as bar:
+                shown = float("-inf")  # the first step shows it
                 for step in loader.iter_steps():
                     loads, step_tokens, counts = np.zeros((R, M)), np.zeros((R, M), np.int64), np.zeros((R, M), np.int64)
                     costliest = 0.0
@@ -111,6 +129,9 @@ def _ingest(data: Path, rows: int, args: argparse.Namespace) -> None:
                     per_step.append(balance_metrics(loads, step_tokens, counts, max_single_cost=costliest,
                                                     max_tokens=args.max_tokens))
                     bar.update(int(counts.sum()))
+                    if time.monotonic() - shown >= STATUS_EVERY_S:
+                        shown = time.monotonic()
+                        bar.set_postfix_str(status(loader.stats(), loader.config.prefetch_steps))
             stats = loader.stats()
     finally:
         if started_ray:
