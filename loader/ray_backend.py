@@ -291,10 +291,26 @@ class LocalControl:
             return cls._loop
 
 
-def connect(address: str | None) -> None:
-    """Join the running Ray of this process, or ``ray.init`` (no address: start or join a local Ray)."""
-    if not ray.is_initialized():
-        ray.init(address=address)
+def connect(address: str | None, *, name: str | None = None) -> None:
+    """Join the running Ray of this process, or ``ray.init`` (no address: start or join a local Ray).
+
+    A named loader in one of several processes torchrun started (``WORLD_SIZE`` > 1) joins a running
+    Ray only: a private local Ray per process would leave each rank alone with its own coordinator.
+    """
+    if ray.is_initialized():
+        return
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    if address is None and name is not None and world > 1:
+        try:
+            ray.init(address="auto")
+        except ConnectionError:
+            raise RuntimeError(
+                f"the loader named {name!r} is shared by the {world} trainer processes torchrun started, "
+                "through one Ray, and none runs: start it first (`ray start --head`, or set RAY_ADDRESS to "
+                "a cluster), or pass backend='inline' (every process then reads the whole epoch itself)"
+            ) from None
+        return
+    ray.init(address=address)
 
 
 class RayClient:
@@ -302,7 +318,7 @@ class RayClient:
     loader, the named coordinator actor otherwise."""
 
     def __init__(self, index: SourceIndex, config: LoaderConfig, fingerprint: int) -> None:
-        connect(config.ray_address)
+        connect(config.ray_address, name=config.name)
         self.config = config
         shape = (fingerprint, config.locality, config.ranks_per_node)
         count = config.num_readers or max(1, int(ray.available_resources().get("CPU", 1)))

@@ -21,6 +21,7 @@ once, none before it again. See docs/use.md ("Ray Train").
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import ray.train
@@ -47,7 +48,7 @@ class LoaderShards:
                 f"Ray Train workers share one loader through its Ray coordinator: backend must be 'ray', "
                 f"not {loader_kwargs['backend']!r}"
             )
-        self.source = source
+        self.source = _absolute(source)
         self.kwargs = {**loader_kwargs, "name": name, "ranks": ranks, "backend": "ray"}
         self._owner: SequenceLoader | None = SequenceLoader(source, **self.kwargs)
 
@@ -94,3 +95,11 @@ class LoaderShards:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _absolute(source):
+    """``source`` with local relative paths made absolute: the workers run in directories of their own."""
+    if isinstance(source, (str, os.PathLike)):
+        text = os.fspath(source)
+        return text if "://" in text or os.path.isabs(text) else os.path.abspath(text)
+    return [_absolute(item) for item in source]

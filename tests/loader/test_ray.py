@@ -2,6 +2,8 @@
 
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -304,3 +306,15 @@ def _object_store_kib(pid: int) -> int:
             elif fields[0] == "Rss:" and store:
                 kib += int(fields[1])
     return kib
+
+
+def test_torchrun_processes_without_a_running_ray_are_told_to_start_one(data, tmp_path):
+    # Each process would otherwise start a private local Ray, and each rank wait alone on its own coordinator.
+    env = {**os.environ, "WORLD_SIZE": "2", "RAY_TMPDIR": str(tmp_path)}  # no cluster recorded there
+    env.pop("RAY_ADDRESS", None)
+    code = f"from loader import SequenceLoader; SequenceLoader({str(data)!r}, ranks=2, microbatches=1, " \
+           "samples_per_step=20, name='torchrun-job')"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "loader named 'torchrun-job' is shared by the 2 trainer processes" in done.stderr
+    assert "start it first (`ray start --head`, or set RAY_ADDRESS" in done.stderr
