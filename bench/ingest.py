@@ -1,4 +1,5 @@
-"""Loader throughput and CPU cost: SequenceLoader vs Ray Data (two ways) vs one-thread pyarrow (issue 16).
+"""Loader throughput and CPU cost: SequenceLoader (and through a DataLoader) vs Ray Data (two ways) vs one-thread
+pyarrow (issues 16 and 18).
 
 All four read the same Parquet data in one run, on long and on short histories.
 
@@ -38,6 +39,8 @@ each batch into the same jagged torch tensors (user ids, and per list column val
    on the running Ray; every rank's ``iter_rank(rank)`` drained by its own thread. Rows = ``len(mb.user_ids)``,
    tokens = ``len(mb.item_ids)``; planner ms/step from ``loader.stats()``. Reported as not available when
    ``loader.SequenceLoader`` cannot be imported.
+5. ``ours_dl``: the same loader, each rank through PyTorch's ``DataLoader(loader.torch.RankDataset(loader, rank=r),
+   batch_size=None)`` (issue 18: what a trainer using a DataLoader pays over ``iter_rank``).
 
 Every contender decodes the same columns (``--columns all``: user id and every list column; ``items``: user id and
 item ids only) and must deliver every row and token of the dataset (checked; a mismatch is reported).
@@ -68,6 +71,7 @@ Targets (issue 16; they supersede issue 3's 3x Ray Data), on ``long`` and ``shor
   ``raysplit``, the second anchor;
 - time to ours' first batch <= 1.0 s;
 - goal beyond that: ours >= 0.6x the ``floor``'s rows/s (balancing must cost little next to decoding).
+- issue 18: ``ours_dl`` >= 0.95x ours' rows/s (the DataLoader path costs at most 5%).
 
 MovieLens gets the same ratios, for information only. Prints a human table per dataset as it goes, then the
 targets with PASS/FAIL, and last one JSON line.
@@ -76,6 +80,7 @@ targets with PASS/FAIL, and last one JSON line.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import math
@@ -102,9 +107,10 @@ MAX_LEN = 21_000
 SHAPES = {"long": (400, 120_000, 10_000), "short": (15, 1_500_000, 50_000)}
 DATASETS = (*SHAPES, "movielens")
 MOVIELENS_G = 128  # 610 rows: 5 steps
-CONTENDERS = ("floor", "raydata", "raysplit", "ours")
+CONTENDERS = ("floor", "raydata", "raysplit", "ours", "ours_dl")
 ANCHORS = ("raydata", "raysplit")
 TARGET_ROWS_VS_ANCHOR, TARGET_CPU_VS_ANCHOR, GOAL_ROWS_VS_FLOOR, TARGET_FIRST_BATCH_S = 1.0, 0.8, 0.6, 1.0
+TARGET_DATALOADER_VS_OURS = 0.95  # issue 18: the DataLoader path costs at most 5% of ours' rows/s
 SAMPLE_INTERVAL_S = 0.2
 TICK = os.sysconf("SC_CLK_TCK")
 # Batches are read-only views of Arrow buffers, as in Ray's own collate; torch warns once about each of them.
@@ -427,8 +433,9 @@ def ours_available() -> tuple[bool, str]:
     return True, ""
 
 
-def run_ours(ds: dict, cols: list[str], cfg: dict, clock: dict) -> dict:
-    """SequenceLoader on the running Ray, every rank drained by its own thread; ``teardown`` closes it."""
+def run_ours(ds: dict, cols: list[str], cfg: dict, clock: dict, *, dataloader: bool = False) -> dict:
+    """SequenceLoader on the running Ray, every rank drained by its own thread; ``teardown`` closes it.
+    ``dataloader``: each rank through ``DataLoader(RankDataset(loader, rank=r), batch_size=None)``."""
     from loader import SequenceLoader
 
     R = cfg["R"]
@@ -446,8 +453,16 @@ def run_ours(ds: dict, cols: list[str], cfg: dict, clock: dict) -> dict:
         return len(mb.user_ids), len(mb.item_ids)
 
     sl = SequenceLoader(ds["path"], **kwargs)
+    if dataloader:
+        from torch.utils.data import DataLoader
+
+        from loader.torch import RankDataset
+
+        sources = [lambda r=r: iter(DataLoader(RankDataset(sl, rank=r), batch_size=None)) for r in range(R)]
+    else:
+        sources = [lambda r=r: sl.iter_rank(r) for r in range(R)]
     try:
-        counts = drain([lambda r=r: sl.iter_rank(r) for r in range(R)], size, clock)
+        counts = drain(sources, size, clock)
         stats = sl.stats()
     except BaseException:
         sl.close()
@@ -488,7 +503,8 @@ def planner_ms_per_step(stats, steps: int) -> float | None:
     return None
 
 
-RUNNERS = {"floor": run_floor, "raydata": run_raydata, "raysplit": run_raysplit, "ours": run_ours}
+RUNNERS = {"floor": run_floor, "raydata": run_raydata, "raysplit": run_raysplit, "ours": run_ours,
+           "ours_dl": functools.partial(run_ours, dataloader=True)}
 
 
 def expected_rows(name: str, ds: dict, cfg: dict) -> int:
@@ -575,17 +591,20 @@ def print_row(row: dict) -> None:
           f"{row['foreign_cpu_s']:7.1f}  {check}", flush=True)
 
 
-def checks() -> list[tuple[str, str, str, str | None, float, str]]:
-    """Issue 16's checks: (key, label, contender, against (None: an absolute figure), bound, kind)."""
+def checks() -> list[tuple[str, str, str, str, str | None, float, str]]:
+    """Issues 16 and 18's checks: (key, label, contender, field, against (None: an absolute figure), bound, kind)."""
     out = []
     for anchor in ANCHORS:
-        out += [(f"ours_vs_{anchor}_rows_per_s", f"ours / {anchor} rows/s", "rows_per_s", anchor,
+        out += [(f"ours_vs_{anchor}_rows_per_s", f"ours / {anchor} rows/s", "ours", "rows_per_s", anchor,
                  TARGET_ROWS_VS_ANCHOR, "target"),
-                (f"ours_vs_{anchor}_cpu_per_row", f"ours / {anchor} CPU-s per row", "cpu_s_per_row", anchor,
+                (f"ours_vs_{anchor}_cpu_per_row", f"ours / {anchor} CPU-s per row", "ours", "cpu_s_per_row", anchor,
                  TARGET_CPU_VS_ANCHOR, "target")]
-    return out + [("ours_first_batch_s", "ours first batch", "first_batch_s", None, TARGET_FIRST_BATCH_S, "target"),
-                  ("ours_vs_floor_rows_per_s", "ours / floor rows/s", "rows_per_s", "floor", GOAL_ROWS_VS_FLOOR,
-                   "goal")]
+    return out + [
+        ("ours_first_batch_s", "ours first batch", "ours", "first_batch_s", None, TARGET_FIRST_BATCH_S, "target"),
+        ("ours_vs_floor_rows_per_s", "ours / floor rows/s", "ours", "rows_per_s", "floor", GOAL_ROWS_VS_FLOOR, "goal"),
+        ("ours_dl_vs_ours_rows_per_s", "ours via DataLoader / ours rows/s", "ours_dl", "rows_per_s", "ours",
+         TARGET_DATALOADER_VS_OURS, "target"),
+    ]
 
 
 def verdicts(rows: list[dict], datasets: list[dict]) -> dict:
@@ -595,16 +614,16 @@ def verdicts(rows: list[dict], datasets: list[dict]) -> dict:
     for ds in datasets:
         mine = {r["contender"]: r for r in rows if r["dataset"] == ds["name"]}
         got = {name: r for name, r in mine.items() if r["available"] and not r["error"]}
-        ours = got.get("ours")
-        ours_missing = ("N/A (ours not run)" if "ours" not in mine else "PENDING (ours not available)"
-                        if not mine["ours"]["available"] else "ERROR (ours failed)")
         entry: dict = {}
-        for key, label, field, against, bound, kind in checks():
+        for key, label, contender, field, against, bound, kind in checks():
+            ours = got.get(contender)
             lower_is_better = field != "rows_per_s"
             op, unit = ("<=" if lower_is_better else ">="), ("x" if against else " s")
             rival = got.get(against) if against else {field: 1.0}
             if ours is None or rival is None or ours.get(field) is None or not rival.get(field):
-                why = ours_missing if ours is None else f"N/A ({against or 'figure'} missing)"
+                why = (f"N/A ({contender} not run)" if contender not in mine else f"PENDING ({contender} not available)"
+                       if not mine[contender]["available"] else f"ERROR ({contender} failed)") if ours is None else \
+                    f"N/A ({against or 'figure'} missing)"
                 entry[key] = {"value": None, "bound": bound, "op": op, "kind": kind, "verdict": why.split()[0]}
                 print(f"{ds['name']}: {label}: {why}", flush=True)
                 continue
@@ -736,7 +755,7 @@ def main(argv=None) -> dict:
             print(HEADER, flush=True)
             for name in args.contenders:
                 base = {"dataset": ds["name"], "contender": name, "samples_per_step": G, "columns": cols}
-                if name == "ours" and not have_ours:
+                if name.startswith("ours") and not have_ours:
                     row = {**base, "available": False, "error": None, "reason": why_not}
                 else:
                     try:

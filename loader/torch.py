@@ -2,8 +2,8 @@
 
 ``DataLoader(RankDataset(source, microbatches=4, samples_per_step=1024), batch_size=None)`` yields this rank's
 :class:`loader.Microbatch`es of a :class:`loader.SequenceLoader` built from ``source`` and the keyword
-arguments; ``ranks`` and ``rank`` default to torch.distributed's world size and rank (or torchrun's
-``WORLD_SIZE`` / ``RANK``). Each new iteration is the next epoch (or the one :meth:`RankDataset.set_epoch` set).
+arguments (or of the ``SequenceLoader`` passed as ``source``, which stays the caller's); ``ranks`` and
+``rank`` default to torch.distributed's world size and rank (or torchrun's ``WORLD_SIZE`` / ``RANK``). Each new iteration is the next epoch (or the one :meth:`RankDataset.set_epoch` set).
 
 It implements the Stateful protocol (``state_dict`` / ``load_state_dict``), so torchdata's
 ``StatefulDataLoader`` checkpoints it and resumes it mid-epoch, even mid-step, in a new process with nothing
@@ -34,6 +34,14 @@ def _world() -> tuple[int, int]:
 class RankDataset(IterableDataset):
     def __init__(self, source, *, rank: int | None = None, **loader_kwargs) -> None:
         world, world_rank = _world()
+        self._loader: SequenceLoader | None = None
+        self._owned = not isinstance(source, SequenceLoader)  # a loader passed in stays the caller's to close
+        if not self._owned:
+            if loader_kwargs:
+                raise ValueError(
+                    f"pass a SequenceLoader or a source with loader arguments, not both (got {sorted(loader_kwargs)})"
+                )
+            self._loader, loader_kwargs = source, {"ranks": source.config.ranks}
         self.source = source
         self.loader_kwargs = {"ranks": world, **loader_kwargs}
         self.rank = world_rank if rank is None else rank
@@ -41,7 +49,6 @@ class RankDataset(IterableDataset):
         if isinstance(self.rank, bool) or not isinstance(self.rank, int) or not 0 <= self.rank < ranks:
             raise ValueError(f"rank must be an integer in [0, {ranks}) (ranks={ranks}), got {self.rank!r}")
         self.epoch = 0  # the epoch the next iteration yields
-        self._loader: SequenceLoader | None = None
         self._partial = 0  # microbatches of the step in progress already yielded
         self._skip = 0  # microbatches to skip on the next iteration (a resumed step's taken ones)
         self._mid_epoch = False  # the loader's state is inside self.epoch
@@ -93,8 +100,9 @@ class RankDataset(IterableDataset):
             self._mid_epoch = True
 
     def close(self) -> None:
-        """Let the loader go (a named one's coordinator ends with the last process attached to it)."""
-        if self._loader is not None:
+        """Let the loader go (a named one's coordinator ends with the last process attached to it); a
+        loader passed in is left open."""
+        if self._loader is not None and self._owned:
             self._loader.close()
 
     def __enter__(self) -> RankDataset:

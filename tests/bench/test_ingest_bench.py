@@ -61,15 +61,17 @@ def test_end_to_end_tiny(tmp_path):
         assert row["rows_per_s"] > 0 and row["cpu_s"] >= 0 and row["cpu_s_per_mrow"] == pytest.approx(
             row["cpu_s"] / row["rows"] * 1e6)
         assert 0 < row["first_batch_s"] <= row["wall_s"]
-        assert row["consumers"] == (2 if contender in ("raysplit", "ours") else 1)
+        assert row["consumers"] == (2 if contender in ("raysplit", "ours", "ours_dl") else 1)
     assert got["short", "raysplit"]["rows"] == 2000 and got["short", "raysplit"]["dropped_rows"] == 1
     assert got["short", "raysplit"]["batch_size_per_split"] == 128 and got["short", "ours"]["rows"] == 2001
-    assert got["long", "ours"]["equal_microbatches"]
+    assert got["long", "ours"]["equal_microbatches"] and got["long", "ours_dl"]["equal_microbatches"]
+    assert got["short", "ours_dl"]["rows"] == 2001
     targets = result["targets"]
     for dataset in ("long", "short"):
         entry = targets["datasets"][dataset]
         for key in ("ours_vs_raydata_rows_per_s", "ours_vs_raydata_cpu_per_row", "ours_vs_raysplit_rows_per_s",
-                    "ours_vs_raysplit_cpu_per_row", "ours_first_batch_s", "ours_vs_floor_rows_per_s"):
+                    "ours_vs_raysplit_cpu_per_row", "ours_first_batch_s", "ours_vs_floor_rows_per_s",
+                    "ours_dl_vs_ours_rows_per_s"):
             least = 0 if "cpu" in key else 1e-12  # ours' CPU can be 0 ticks (above)
             assert entry[key]["value"] >= least and entry[key]["verdict"] in ("PASS", "FAIL"), (dataset, key)
         assert entry["raydata_vs_floor_rows_per_s"] > 0 and entry["raysplit_vs_floor_rows_per_s"] > 0

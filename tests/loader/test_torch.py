@@ -34,6 +34,16 @@ def expected(data, rank: int, epoch: int = 0) -> list[tuple]:
         return keys(loader.iter_rank(rank, epoch))
 
 
+def test_a_loader_passed_in_is_shared_by_its_ranks_and_left_open(data):
+    with SequenceLoader(data, **KWARGS) as loader:
+        for rank in (0, 1):
+            with RankDataset(loader, rank=rank) as ds:
+                assert keys(DataLoader(ds, batch_size=None)) == expected(data, rank)
+        assert keys(loader.iter_rank(0)) == expected(data, 0)  # still open
+        with pytest.raises(ValueError, match=r"not both \(got \['seed'\]\)"):
+            RankDataset(loader, rank=0, seed=1)
+
+
 @pytest.mark.parametrize("rank", [0, 1])
 def test_dataloader_yields_the_ranks_microbatches_epoch_after_epoch(data, rank):
     ds = RankDataset(data, rank=rank, **KWARGS)
