@@ -631,7 +631,7 @@ def verdicts(rows: list[dict], datasets: list[dict]) -> dict:
             passed = value <= bound if lower_is_better else value >= bound
             verdict = ("PASS" if passed else "FAIL") if ds["name"] in SHAPES else "INFO"
             entry[key] = {"value": value, "bound": bound, "op": op, "kind": kind, "verdict": verdict}
-            print(f"{ds['name']}: {label} = {value:.2f}{unit} ({kind} {op} {bound:.1f}{unit}): {verdict}", flush=True)
+            print(f"{ds['name']}: {label} = {value:.2f}{unit} ({kind} {op} {bound:g}{unit}): {verdict}", flush=True)
         floor = got.get("floor")
         for anchor in ANCHORS:
             if anchor in got and floor:

@@ -89,7 +89,7 @@ def status(stats: dict, prefetch_steps: int) -> str:
 
     slowest = slowest_rank(stats["ranks"])
     rank = stats["ranks"][slowest]
-    return (f"{stats['rows_per_second']:.3g} rows/s, slowest rank {slowest} (waited {rank['wait_seconds']:.1f} s, "
+    return (f"loader {stats['rows_per_second']:.3g} rows/s over 10 s, slowest rank {slowest} (waited {rank['wait_seconds']:.1f} s, "
             f"queue {rank['queue_depth']}/{prefetch_steps})")
 
 

@@ -58,7 +58,7 @@ def test_demo_runs_on_bundled_movielens(capsys, tmp_path):
     assert main(["demo", "--report-out", str(tmp_path / "report")]) == 0
     text, err = capsys.readouterr()
     # the ingest bar's live status (first shown after the first step)
-    assert re.search(r"ingest: .*rows/s, [0-9.e+]+ rows/s, slowest rank [0-3] \(waited [0-9.]+ s, queue [0-2]/2\)", err)
+    assert re.search(r"ingest: .*rows/s, loader [0-9.e+]+ rows/s over 10 s, slowest rank [0-3] \(waited [0-9.]+ s, queue [0-2]/2\)", err)
     assert "100836 MovieLens ratings into 610 histories" in text
     assert "balanced" in text and "naive" in text
     report = json.loads((tmp_path / "report" / "report.json").read_text())
