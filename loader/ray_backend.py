@@ -76,6 +76,7 @@ class Control:
         self.fingerprint = fingerprint
         self.dtypes = index.roles[0]
         self.attached: list[Where] = []  # the process of each attached loader
+        self.detaching = asyncio.Lock()
         self.readers: list = []
         self.nodes: list[str] = []
         self.ready = asyncio.Event()
@@ -119,11 +120,12 @@ class Control:
     async def detach(self, where: Where) -> int:
         """The loader of the process at ``where`` let go: the number of loaders still attached whose
         process lives (one that died without closing, such as a failed trainer worker, is not waited for)."""
-        self.attached.remove(where)
-        if self.attached:
-            alive = await self._alive(self.attached)
-            self.attached = [w for w, ok in zip(self.attached, alive) if ok]
-        return len(self.attached)
+        async with self.detaching:  # one at a time: exactly one caller sees none left, and releases
+            self.attached.remove(where)
+            if self.attached:
+                alive = await self._alive(self.attached)
+                self.attached = [w for w, ok in zip(self.attached, alive) if ok]
+            return len(self.attached)
 
     async def close(self) -> None:
         """Stop serving: the run in progress ends, and reads still queued on the readers are

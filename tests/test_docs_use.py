@@ -4,14 +4,13 @@ session as ``RAY_ADDRESS`` (loopback only). Then what each example printed is ch
 
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
-import ray
+
+from tests.local_ray import local_ray
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "use.md"
@@ -24,11 +23,8 @@ def blocks() -> list[tuple[str, str]]:
 
 @pytest.fixture(scope="module")
 def ray_address():
-    temp = tempfile.mkdtemp(prefix="fsdoc", dir="/tmp")  # short: Ray's unix sockets live below it
-    ray.init(address="local", _temp_dir=temp, num_cpus=2, include_dashboard=False)
-    yield ray.get_runtime_context().gcs_address
-    ray.shutdown()
-    shutil.rmtree(temp, ignore_errors=True)
+    with local_ray("fsdoc") as address:
+        yield address
 
 
 def test_every_block_is_a_file_or_a_command():

@@ -2,9 +2,7 @@
 the pure figures behind them (rows per second over a window, the slowest rank)."""
 
 import re
-import shutil
 import socket
-import tempfile
 import time
 import urllib.request
 
@@ -15,6 +13,7 @@ from loader import SequenceLoader
 from loader.metrics import METRICS
 from loader.stats import Rate, slowest_rank
 
+from tests.local_ray import local_ray
 from .helpers import by_threads, messy
 
 _SAMPLE = re.compile(r'^(\w+)\{(.*)\} (\S+)$')
@@ -56,12 +55,9 @@ def metrics_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    temp = tempfile.mkdtemp(prefix="fsmet", dir="/tmp")  # short: Ray's unix sockets live below it
-    ray.init(address="local", _temp_dir=temp, num_cpus=2, include_dashboard=False, _metrics_export_port=port,
-             _system_config={"metrics_report_interval_ms": 1000})  # export every second, not every 10
-    yield port
-    ray.shutdown()
-    shutil.rmtree(temp, ignore_errors=True)
+    # export every second, not every 10
+    with local_ray("fsmet", _metrics_export_port=port, _system_config={"metrics_report_interval_ms": 1000}):
+        yield port
 
 
 def _scrape(port: int, loader: str) -> dict[str, dict[tuple, float]]:

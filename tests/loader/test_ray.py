@@ -1,10 +1,8 @@
 """SequenceLoader on the Ray backend, one local Ray session for the module (loopback only)."""
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import warnings
@@ -18,17 +16,15 @@ from loader import ray_backend
 from loader.ray_backend import NAMESPACE, coordinator_name
 from loader.reader import shutdown_readers
 
+from tests.local_ray import local_ray
 from .helpers import (ROOT, assert_resume_equal, by_threads, check_layout, collect, corrupt_row_group, histories,
                       record, run_worker_process, source_histories, synth)
 
 
 @pytest.fixture(scope="module")
 def ray_address():
-    temp = tempfile.mkdtemp(prefix="fsray", dir="/tmp")  # short: Ray's unix sockets live below it
-    ray.init(address="local", _temp_dir=temp, num_cpus=2, include_dashboard=False)
-    yield ray.get_runtime_context().gcs_address
-    ray.shutdown()
-    shutil.rmtree(temp, ignore_errors=True)
+    with local_ray("fsray") as address:
+        yield address
 
 
 @pytest.fixture(scope="module")
@@ -307,14 +303,3 @@ def _object_store_kib(pid: int) -> int:
                 kib += int(fields[1])
     return kib
 
-
-def test_torchrun_processes_without_a_running_ray_are_told_to_start_one(data, tmp_path):
-    # Each process would otherwise start a private local Ray, and each rank wait alone on its own coordinator.
-    env = {**os.environ, "WORLD_SIZE": "2", "RAY_TMPDIR": str(tmp_path)}  # no cluster recorded there
-    env.pop("RAY_ADDRESS", None)
-    code = f"from loader import SequenceLoader; SequenceLoader({str(data)!r}, ranks=2, microbatches=1, " \
-           "samples_per_step=20, name='torchrun-job')"
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode != 0
-    assert "loader named 'torchrun-job' is shared by the 2 trainer processes" in done.stderr
-    assert "start it first (`ray start --head`, or set RAY_ADDRESS" in done.stderr

@@ -5,7 +5,6 @@ Each worker logs what it received to a file of the test's temp dir: (attempt, ra
 
 import json
 import os
-import shutil
 import tempfile
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from ray.train.torch import TorchTrainer
 from loader.ray_backend import NAMESPACE, coordinator_name
 from loader.ray_train import LoaderShards
 
+from tests.local_ray import local_ray
 from .helpers import source_histories, synth
 
 MICROBATCHES = 2
@@ -25,11 +25,8 @@ KWARGS = dict(microbatches=MICROBATCHES, samples_per_step=20, shuffle_window=60,
 
 @pytest.fixture(scope="module")
 def ray_session():
-    temp = tempfile.mkdtemp(prefix="fsrt", dir="/tmp")  # short: Ray's unix sockets live below it
-    ray.init(address="local", _temp_dir=temp, num_cpus=2, include_dashboard=False)
-    yield temp
-    ray.shutdown()
-    shutil.rmtree(temp, ignore_errors=True)
+    with local_ray("fsrt") as address:
+        yield address
 
 
 @pytest.fixture(scope="module")
