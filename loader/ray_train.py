@@ -50,7 +50,7 @@ class LoaderShards:
             )
         self.source = _absolute(source)
         self.kwargs = {**loader_kwargs, "name": name, "ranks": ranks, "backend": "ray"}
-        self._owner: SequenceLoader | None = SequenceLoader(source, **self.kwargs)
+        self._owner: SequenceLoader | None = SequenceLoader(self.source, **self.kwargs)
 
     def __getstate__(self) -> dict:
         return {"source": self.source, "kwargs": self.kwargs, "_owner": None}
