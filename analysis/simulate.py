@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from balancer.cost import CostModel, _nonnegative_lstsq
+from balancer.cost import CostModel, nonnegative_lstsq
 from loader.spec import BatchSpec
 
 
@@ -242,7 +242,7 @@ def calibrate(records: list[dict], *, microbatches: int | None = None, emb_bytes
     X = np.array([_step_features(r) for r in rows], dtype=np.float64)  # (n, 3)
     A = np.column_stack([X, np.ones(len(rows))])  # (n, 4): sum L^2, sum L, n, 1
     y = np.array([r["compute_s"] for r in rows])
-    coef = _nonnegative_lstsq(A, y)
+    coef = nonnegative_lstsq(A, y)
     if not np.any(coef[:3] > 0):
         raise ValueError("compute_s does not grow with the step's tokens or samples; nothing to calibrate from")
     residual = y - A @ coef
@@ -253,7 +253,7 @@ def calibrate(records: list[dict], *, microbatches: int | None = None, emb_bytes
 
     comm = np.array([r["comm_s"] + r.get("hidden_comm_s", 0.0) for r in rows])
     B = np.column_stack([X[:, 1] * emb_bytes_per_token, np.ones(len(rows))])  # (n, 2): bytes, 1
-    per_byte, per_step = _nonnegative_lstsq(B, comm) if emb_bytes_per_token > 0 else (0.0, float(comm.mean()))
+    per_byte, per_step = nonnegative_lstsq(B, comm) if emb_bytes_per_token > 0 else (0.0, float(comm.mean()))
     timing = Timing(CostModel(*coef[:3]), seconds_per_cost=1.0, per_microbatch_s=float(coef[3]) / microbatches,
                     emb_bytes_per_token=emb_bytes_per_token,
                     bandwidth=1.0 / per_byte if per_byte > 0 else float("inf"),

@@ -110,7 +110,7 @@ class CostModel:
             if lengths.size and lengths.min() < 1:
                 raise ValueError(f"fit: microbatch {row} has a length < 1")
             features[row] = (np.sum(lengths * lengths), np.sum(lengths), lengths.size)
-        coef = _nonnegative_lstsq(features, y)
+        coef = nonnegative_lstsq(features, y)
         if not np.any(coef > 0):
             raise ValueError("fit: measured times do not grow with length; no positive cost model fits")
         residual = y - features @ coef
@@ -138,7 +138,7 @@ class CostModel:
 DEFAULT_COST_MODEL = CostModel(quadratic=1.0, linear=0.0)
 
 
-def _nonnegative_lstsq(features: np.ndarray, y: np.ndarray) -> np.ndarray:
+def nonnegative_lstsq(features: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Exact non-negative least squares for a handful of columns: best over all active sets."""
     n_cols = features.shape[1]
     best, best_err = np.zeros(n_cols), float(np.sum(y * y))

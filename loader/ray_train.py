@@ -65,8 +65,7 @@ class LoaderShards:
                 f"the trainer runs {world} workers but the loader was built for ranks={self.kwargs['ranks']}; "
                 "pass ranks equal to ScalingConfig(num_workers=...)"
             )
-        kwargs = {key: value for key, value in self.kwargs.items() if key != "ranks"}
-        dataset = RankDataset(self.source, rank=rank, ranks=world, **kwargs)
+        dataset = RankDataset(self.source, rank=rank, **self.kwargs)
         checkpoint = ray.train.get_checkpoint()
         if checkpoint is not None:
             with checkpoint.as_directory() as directory:

@@ -7,6 +7,15 @@ import pytest
 os.environ.setdefault("NUMBA_CACHE_DIR", os.path.join(tempfile.gettempdir(), "freescale-numba-cache"))
 
 
+@pytest.fixture(scope="module")
+def ray_address():
+    """A fresh local Ray for the module (loopback, a temp dir of its own, torn down after); its GCS address."""
+    from tests.local_ray import local_ray  # Ray is imported only by modules that use it
+
+    with local_ray("fsray") as address:
+        yield address
+
+
 def pytest_collection_modifyitems(config, items):
     """Skip ``gpu``-marked tests when torch sees no CUDA device (torch is imported only if one is collected)."""
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]

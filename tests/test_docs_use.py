@@ -8,10 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-from tests.local_ray import local_ray
-
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "use.md"
 BLOCK = re.compile(r"^```(\w+)\n(.*?)^```$", re.S | re.M)
@@ -19,12 +15,6 @@ BLOCK = re.compile(r"^```(\w+)\n(.*?)^```$", re.S | re.M)
 
 def blocks() -> list[tuple[str, str]]:
     return BLOCK.findall(PAGE.read_text())
-
-
-@pytest.fixture(scope="module")
-def ray_address():
-    with local_ray("fsdoc") as address:
-        yield address
 
 
 def test_every_block_is_a_file_or_a_command():

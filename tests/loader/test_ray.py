@@ -16,15 +16,8 @@ from loader import ray_backend
 from loader.ray_backend import NAMESPACE, coordinator_name
 from loader.reader import shutdown_readers
 
-from tests.local_ray import local_ray
 from .helpers import (ROOT, assert_resume_equal, by_threads, check_layout, collect, corrupt_row_group, histories,
                       record, run_worker_process, source_histories, synth)
-
-
-@pytest.fixture(scope="module")
-def ray_address():
-    with local_ray("fsray") as address:
-        yield address
 
 
 @pytest.fixture(scope="module")

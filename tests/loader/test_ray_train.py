@@ -16,17 +16,10 @@ from ray.train.torch import TorchTrainer
 from loader.ray_backend import NAMESPACE, coordinator_name
 from loader.ray_train import LoaderShards
 
-from tests.local_ray import local_ray
 from .helpers import source_histories, synth
 
 MICROBATCHES = 2
 KWARGS = dict(microbatches=MICROBATCHES, samples_per_step=20, shuffle_window=60, max_seq_len=30, seed=5, num_readers=2)
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    with local_ray("fsrt") as address:
-        yield address
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +73,7 @@ def _users(records):
     return [user for _, _, users in records for user in users]
 
 
-def test_two_workers_receive_every_history_once(ray_session, data, tmp_path):
+def test_two_workers_receive_every_history_once(ray_address, data, tmp_path):
     result, logs = _fit(data, tmp_path, "once", every=3)
     assert result.error is None and set(logs) == {("first", 0), ("first", 1)}
     per_rank = [logs["first", r] for r in (0, 1)]
@@ -91,7 +84,7 @@ def test_two_workers_receive_every_history_once(ray_session, data, tmp_path):
     assert result.checkpoint is not None
 
 
-def test_a_dead_worker_resumes_from_the_last_checkpoint_with_nothing_lost(ray_session, data, tmp_path):
+def test_a_dead_worker_resumes_from_the_last_checkpoint_with_nothing_lost(ray_address, data, tmp_path):
     every, die_at = 2, 4  # checkpoints after steps 1 and 3; rank 1 dies after receiving step 4
     result, logs = _fit(data, tmp_path, "resume", every=every, die_at=die_at, failures=1)
     assert result.error is None and set(logs) == {(a, r) for a in ("first", "resumed") for r in (0, 1)}
