@@ -16,7 +16,9 @@ SCRIPT = Path(__file__).parents[2] / "bench" / "overlap_gpu.py"
 
 
 def _run(*argv: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "NUMBA_CACHE_DIR": os.environ.get("NUMBA_CACHE_DIR", "/tmp/numba-cache")}
+    # PYTHONPATH: the repository's packages also where the project is not installed (the GPU machines' image)
+    env = {**os.environ, "NUMBA_CACHE_DIR": os.environ.get("NUMBA_CACHE_DIR", "/tmp/numba-cache"),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(SCRIPT.parents[1]), os.environ.get("PYTHONPATH")]))}
     return subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, timeout=timeout,
                           env=env, cwd=SCRIPT.parents[1])
 

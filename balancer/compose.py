@@ -1,0 +1,209 @@
+"""Step composition across a window: which samples make up each step, before each step is planned.
+
+A step lasts at least as long as its costliest sample: where one history outweighs a rank's share of
+its step, no plan of that step can keep the other ranks busy. Composition decides *which* samples share
+a step, within a window of K consecutive steps of the shuffled order, so that every step can be
+balanced; ``balancer.plan`` then plans each step as before.
+
+``compose(lengths, sizes=..., ranks=R)`` takes the lengths of one window in shuffled order and the
+number of samples of each of its steps (``samples_per_step`` each, the epoch's last step shorter), and
+returns each sample's step. Every step keeps its size, so the number of steps and the batch size the
+loss and the learning-rate schedule see are unchanged. Methods:
+
+- ``giants`` (ours): heavy samples (costing more than ``HEAVY_SHARE`` of a typical rank's share of a
+  step) are gathered into *cores*, costliest first, so that a step holding a sample of cost ``h`` gets
+  about ``R * h`` of work, packable onto its R ranks (``kernels.compose.gather_cores``); each core goes
+  to the free step nearest to where its costliest sample was; light samples fill every step's remaining
+  places in their shuffled order; steps whose costliest sample still outweighs their total over R swap
+  light samples with steps that have room (``kernels.compose.repair``). The result is kept only where
+  its window time ``sum_k max(total_k / R, costliest_k)`` is no higher than the shuffled order's, and
+  every step keeps within the token capacity of its R x M microbatches.
+- ``outlier_delay`` (reference, after WLB-LLM): heavy samples wait in a queue until R of them have
+  gathered, then enter the next step together; the queue's rest joins the window's last steps.
+- ``shuffled``: the identity: each step is the shuffled order's (composition off).
+
+A pure function of the lengths and the arguments: same input, same steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from balancer.cost import DEFAULT_COST_MODEL, CostModel
+from balancer.kernels.compose import gather_cores, repair
+from balancer.plan import validate_lengths
+
+ComposeMethod = Literal["giants", "outlier_delay", "shuffled"]
+# A sample is heavy when it costs more than this fraction of a typical rank's share of a step.
+HEAVY_SHARE = 0.5
+# Token room of a composed step: this fraction of its R x M microbatches' capacity under ``max_tokens``
+# (packing needs slack), or the fullest shuffled step's tokens where that is more.
+TOKEN_FILL = 0.9
+
+
+@dataclass(frozen=True)
+class Composition:
+    """The steps of one window: sample i (window order) goes to step ``step[i]``; step k holds
+    ``sizes[k]`` samples. ``time`` and ``shuffled_time`` are the window's time ``sum_k max(total_k / R,
+    costliest_k)`` with these steps and with the shuffled order's."""
+
+    step: np.ndarray  # int64 (N,)
+    sizes: np.ndarray  # int64 (K,)
+    method: str
+    time: float
+    shuffled_time: float
+
+    @property
+    def steps(self) -> int:
+        return int(self.sizes.shape[0])
+
+    def members(self) -> list[np.ndarray]:
+        """Each step's samples, ascending window position: K arrays of int64 (sizes[k],)."""
+        order = np.argsort(self.step, kind="stable")  # (N,)
+        return np.split(order, np.cumsum(self.sizes)[:-1])
+
+    def moved(self) -> np.ndarray:
+        """How far each sample moved from its shuffled step, in steps: int64 (N,)."""
+        return np.abs(self.step - shuffled_steps(self.sizes))
+
+
+def shuffled_steps(sizes: np.ndarray) -> np.ndarray:
+    """The shuffled order's step of each sample of a window of ``sizes`` (K,): int64 (N,)."""
+    return np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
+
+
+def window_time(costs: np.ndarray, step: np.ndarray, n_steps: int, ranks: int) -> float:
+    """``sum_k max(total_k / R, costliest_k)``: the window's time where every step is balanced as well as
+    its costliest sample allows (a floor of any plan of these steps)."""
+    totals = np.bincount(step, weights=costs, minlength=n_steps)  # (K,)
+    peak = np.zeros(n_steps)
+    np.maximum.at(peak, step, costs)
+    return float(np.maximum(totals / ranks, peak).sum())
+
+
+def compose(
+    lengths,
+    *,
+    sizes,
+    ranks: int,
+    microbatches: int = 1,
+    cost_model: CostModel | None = None,
+    max_tokens: int | None = None,
+    method: ComposeMethod = "giants",
+) -> Composition:
+    """The steps of a window of ``lengths`` (N,) in shuffled order, ``sizes`` (K,) samples per step.
+
+    ``max_tokens`` (with ``ranks`` x ``microbatches``) bounds each composed step's tokens; see the module
+    docstring for the methods.
+    """
+    lengths = validate_lengths(lengths)
+    sizes = np.asarray(sizes)
+    if sizes.ndim != 1 or not np.issubdtype(sizes.dtype, np.integer) or (sizes < 1).any():
+        raise ValueError(f"sizes must be a 1-D array of positive integers, got {sizes!r}")
+    sizes = sizes.astype(np.int64)
+    if int(sizes.sum()) != lengths.size:
+        raise ValueError(f"sizes add up to {int(sizes.sum())} samples, but the window holds {lengths.size}")
+    for name, value in (("ranks", ranks), ("microbatches", microbatches)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if method not in COMPOSERS:
+        raise ValueError(f"unknown composition method {method!r}; choose one of {', '.join(COMPOSERS)}")
+    costs = (cost_model or DEFAULT_COST_MODEL).cost(lengths)
+    shuffled = shuffled_steps(sizes)
+    shuffled_time = window_time(costs, shuffled, len(sizes), ranks)
+    step = COMPOSERS[method](lengths, costs, sizes, int(ranks), _token_room(lengths, sizes, ranks, microbatches,
+                                                                             max_tokens))
+    time = window_time(costs, step, len(sizes), ranks)
+    if method == "giants" and (time > shuffled_time or not _fits(lengths, step, sizes, ranks, microbatches,
+                                                                  max_tokens)):
+        return Composition(shuffled, sizes, "shuffled", shuffled_time, shuffled_time)
+    return Composition(step, sizes, method, time, shuffled_time)
+
+
+def heavy_threshold(costs: np.ndarray, sizes: np.ndarray, ranks: int) -> float:
+    """Cost above which a sample is heavy: ``HEAVY_SHARE`` of the median shuffled step's total over R."""
+    totals = np.bincount(shuffled_steps(sizes), weights=costs, minlength=len(sizes))
+    return HEAVY_SHARE * float(np.median(totals)) / ranks
+
+
+def _giants(lengths: np.ndarray, costs: np.ndarray, sizes: np.ndarray, ranks: int, token_room: float) -> np.ndarray:
+    n_steps = len(sizes)
+    heavy = np.flatnonzero(costs > heavy_threshold(costs, sizes, ranks))
+    heavy = heavy[np.argsort(-costs[heavy], kind="stable")]  # costliest first, ties in window order
+    is_light = np.ones(len(costs), dtype=bool)
+    is_light[heavy] = False
+    mean_light = float(costs[is_light].mean()) if is_light.any() else 0.0
+    mean_light_tokens = float(lengths[is_light].mean()) if is_light.any() else 0.0
+    core, n_cores = gather_cores(heavy, costs, lengths.astype(np.float64), n_steps, ranks, int(sizes.max()),
+                                 mean_light, mean_light_tokens, token_room)
+    step = np.full(len(costs), -1, dtype=np.int64)
+    placed = np.zeros(n_steps, dtype=np.int64)  # (K,) core samples placed in each step
+    shuffled = shuffled_steps(sizes)
+    for c in range(n_cores):
+        members = heavy[core == c]  # costliest first
+        target = _nearest_free(placed, sizes, int(shuffled[members[0]]), len(members))
+        members = members[: sizes[target]]  # a core larger than every free step leaves its lightest to the fill
+        step[members] = target
+        placed[target] = len(members)
+    light = np.flatnonzero(step < 0)  # window order
+    step[light] = np.repeat(np.arange(n_steps, dtype=np.int64), sizes - placed)
+    repair(step, costs, lengths.astype(np.float64), light, n_steps, ranks, token_room)
+    return step
+
+
+def _nearest_free(placed: np.ndarray, sizes: np.ndarray, home: int, count: int) -> int:
+    """The step without a core nearest to ``home`` that holds ``count`` samples (the nearer first, then
+    the earlier); the largest free step where none does."""
+    free = np.flatnonzero(placed == 0)
+    distance = np.abs(free - home)
+    fitting = free[sizes[free] >= count]
+    if fitting.size:
+        return int(fitting[np.argmin(np.abs(fitting - home))])
+    return int(free[np.lexsort((distance, -sizes[free]))[0]])
+
+
+def _outlier_delay(lengths: np.ndarray, costs: np.ndarray, sizes: np.ndarray, ranks: int,
+                   token_room: float) -> np.ndarray:
+    heavy = np.flatnonzero(costs > heavy_threshold(costs, sizes, ranks))  # (H,) window order
+    # heavy q waits for the last heavy of its group of R; an incomplete last group waits for the end
+    release = np.full(len(heavy), len(costs), dtype=np.int64)
+    complete = (len(heavy) // ranks) * ranks
+    release[:complete] = np.repeat(heavy[ranks - 1 : complete : ranks], ranks)
+    key = np.arange(len(costs), dtype=np.int64)
+    key[heavy] = release
+    late = np.zeros(len(costs), dtype=np.int64)
+    late[heavy] = 1  # released after the light sample at their release position
+    order = np.lexsort((np.arange(len(costs)), late, key))  # the delayed stream, (N,)
+    step = np.empty(len(costs), dtype=np.int64)
+    step[order] = shuffled_steps(sizes)
+    return step
+
+
+def _shuffled(lengths: np.ndarray, costs: np.ndarray, sizes: np.ndarray, ranks: int, token_room: float) -> np.ndarray:
+    return shuffled_steps(sizes)
+
+
+COMPOSERS: dict[str, Callable[..., np.ndarray]] = {
+    "giants": _giants,
+    "outlier_delay": _outlier_delay,
+    "shuffled": _shuffled,
+}
+
+
+def _token_room(lengths, sizes, ranks, microbatches, max_tokens) -> float:
+    if max_tokens is None:
+        return np.inf
+    capacity = float(max_tokens) * ranks * microbatches
+    fullest = float(np.bincount(shuffled_steps(sizes), weights=lengths, minlength=len(sizes)).max())
+    return min(capacity, max(TOKEN_FILL * capacity, fullest))
+
+
+def _fits(lengths, step, sizes, ranks, microbatches, max_tokens) -> bool:
+    if max_tokens is None:
+        return True
+    tokens = np.bincount(step, weights=lengths, minlength=len(sizes))
+    return bool((tokens <= _token_room(lengths, sizes, ranks, microbatches, max_tokens)).all())

@@ -1,0 +1,203 @@
+"""Step composition's kernels (``balancer.compose``), each followed by its plain twin.
+
+A window holds K steps' worth of samples. A sample is *heavy* when it costs more than half of a typical
+rank's share of a step; the step that holds a heavy sample of cost ``h`` can hold up to ``R * h`` of work
+without any rank waiting for the rank that trains it (its time is ``max(total / R, h)``).
+
+- ``gather_cores``: heavy samples, costliest first, are gathered into at most K *cores*, one per step. A
+  core opened by a sample of cost ``top`` has R virtual ranks of room ``top`` each; a heavy sample joins
+  the core whose remaining room (less what the core's step will receive from light samples, ``mean_light``
+  per free slot) it fills best, on its emptiest virtual rank, so every core stays packable onto R ranks.
+  A sample that fits no core opens the next one; once K are open, it joins the core with the most room
+  in one rank (the first of equal ones). Cores never pass ``size`` samples, nor ``token_room`` tokens
+  counting ``mean_light_tokens`` per free slot.
+- ``repair``: steps whose costliest sample still outweighs their total over R (a *deficit*) swap their
+  lightest light samples for the costliest light samples of steps with room to spare, while the donor
+  step keeps its own surplus, no swap raises a step's costliest sample, and ``token_room`` holds.
+
+Ties go to the lower index throughout, so kernel and twin agree exactly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True, nogil=True)
+def gather_cores(heavy, costs, lengths, n_steps, ranks, size, mean_light, mean_light_tokens, token_room):
+    """Core (0 .. n_cores-1) of each sample of ``heavy`` (H,) (indices, costliest first); returns
+    ``(core (H,) int64, n_cores)``."""
+    room = np.zeros((n_steps, ranks))  # (K, R) virtual ranks' room
+    best_rank = np.zeros(n_steps, dtype=np.int64)
+    best_room = np.zeros(n_steps)
+    total_room = np.zeros(n_steps)
+    count = np.zeros(n_steps, dtype=np.int64)
+    tokens = np.zeros(n_steps)
+    core = np.empty(heavy.shape[0], dtype=np.int64)
+    n_cores = 0
+    for k in range(heavy.shape[0]):
+        i = heavy[k]
+        h = costs[i]
+        t = lengths[i]
+        chosen = -1
+        chosen_fits = False
+        chosen_key = 0.0
+        for c in range(n_cores):
+            free = size - count[c] - 1
+            if free < 0 or best_room[c] < h or tokens[c] + t + free * mean_light_tokens > token_room:
+                continue
+            want = total_room[c] - (free + 1) * mean_light
+            if want <= 0.0:
+                continue
+            fits = want >= h
+            key = want - h if fits else -want
+            if chosen < 0 or (fits and not chosen_fits) or (fits == chosen_fits and key < chosen_key):
+                chosen, chosen_fits, chosen_key = c, fits, key
+        if chosen < 0 and n_cores < n_steps:
+            chosen = n_cores
+            n_cores += 1
+            for r in range(ranks):
+                room[chosen, r] = h
+            best_rank[chosen] = 0
+            best_room[chosen] = h
+            total_room[chosen] = ranks * h
+        if chosen < 0:
+            for c in range(n_cores):
+                if count[c] < size and (chosen < 0 or best_room[c] > best_room[chosen]):
+                    chosen = c
+        r = best_rank[chosen]
+        room[chosen, r] -= h
+        total_room[chosen] -= h
+        count[chosen] += 1
+        tokens[chosen] += t
+        top = 0
+        for q in range(1, ranks):
+            if room[chosen, q] > room[chosen, top]:
+                top = q
+        best_rank[chosen] = top
+        best_room[chosen] = room[chosen, top]
+        core[k] = chosen
+    return core, n_cores
+
+
+def gather_cores_ref(heavy, costs, lengths, n_steps, ranks, size, mean_light, mean_light_tokens, token_room):
+    """Plain twin of ``gather_cores``: each core a dict of its virtual ranks' room."""
+    cores: list[dict] = []
+    out = []
+    for i in heavy.tolist():
+        h, t = float(costs[i]), float(lengths[i])
+        candidates = []
+        for c, core in enumerate(cores):
+            free = size - core["count"] - 1
+            if free < 0 or max(core["room"]) < h or core["tokens"] + t + free * mean_light_tokens > token_room:
+                continue
+            want = core["total"] - (free + 1) * mean_light
+            if want > 0.0:
+                candidates.append((0, want - h, c) if want >= h else (1, -want, c))
+        if candidates:
+            chosen = min(candidates)[2]
+        elif len(cores) < n_steps:
+            cores.append({"room": [h] * ranks, "total": ranks * h, "count": 0, "tokens": 0.0})
+            chosen = len(cores) - 1
+        else:
+            open_cores = [c for c, core in enumerate(cores) if core["count"] < size]
+            chosen = max(open_cores, key=lambda c: (max(cores[c]["room"]), -c))
+        core = cores[chosen]
+        r = core["room"].index(max(core["room"]))
+        core["room"][r] -= h
+        core["total"] -= h
+        core["count"] += 1
+        core["tokens"] += t
+        out.append(chosen)
+    return np.array(out, dtype=np.int64), len(cores)
+
+
+@njit(cache=True, nogil=True)
+def repair(step, costs, lengths, light, n_steps, ranks, token_room):
+    """Swap light samples into steps with a deficit, in place on ``step`` (N,); returns the swaps made."""
+    totals = np.zeros(n_steps)
+    peak = np.zeros(n_steps)
+    tokens = np.zeros(n_steps)
+    for i in range(step.shape[0]):
+        k = step[i]
+        totals[k] += costs[i]
+        tokens[k] += lengths[i]
+        peak[k] = max(peak[k], costs[i])
+    deficit = ranks * peak - totals  # (K,) > 0: the step's costliest sample makes its ranks wait
+    receivers = np.argsort(-deficit, kind="mergesort")
+    by_cost = light[np.argsort(-costs[light], kind="mergesort")]  # lights, costliest first
+    donors = by_cost[deficit[step[by_cost]] < 0.0]
+    d = 0
+    swaps = 0
+    for q in range(n_steps):
+        k = receivers[q]
+        if deficit[k] <= 0.0:
+            break
+        mine = light[step[light] == k]
+        mine = mine[np.argsort(costs[mine], kind="mergesort")]  # lightest first
+        x = 0
+        while deficit[k] > 0.0 and x < mine.shape[0] and d < donors.shape[0]:
+            y = donors[d]
+            b = step[y]
+            gain = costs[y] - costs[mine[x]]
+            if b == k:
+                d += 1
+                continue
+            if gain <= 0.0:
+                break
+            if costs[y] > peak[k] or -deficit[b] < gain or tokens[k] + lengths[y] - lengths[mine[x]] > token_room:
+                d += 1
+                continue
+            step[y] = k
+            step[mine[x]] = b
+            deficit[k] -= gain
+            deficit[b] += gain
+            tokens[k] += lengths[y] - lengths[mine[x]]
+            tokens[b] += lengths[mine[x]] - lengths[y]
+            d += 1
+            x += 1
+            swaps += 1
+    return swaps
+
+
+def repair_ref(step, costs, lengths, light, n_steps, ranks, token_room):
+    """Plain twin of ``repair``."""
+    totals = [0.0] * n_steps
+    peak = [0.0] * n_steps
+    tokens = [0.0] * n_steps
+    for i, k in enumerate(step.tolist()):
+        totals[k] += float(costs[i])
+        tokens[k] += float(lengths[i])
+        peak[k] = max(peak[k], float(costs[i]))
+    deficit = [ranks * p - t for p, t in zip(peak, totals)]
+    receivers = sorted(range(n_steps), key=lambda k: (-deficit[k], k))
+    by_cost = sorted(light.tolist(), key=lambda i: (-costs[i], i))
+    donors = [i for i in by_cost if deficit[step[i]] < 0.0]
+    d = swaps = 0
+    for k in receivers:
+        if deficit[k] <= 0.0:
+            break
+        mine = sorted((i for i in light.tolist() if step[i] == k), key=lambda i: (costs[i], i))
+        x = 0
+        while deficit[k] > 0.0 and x < len(mine) and d < len(donors):
+            y, b = donors[d], int(step[donors[d]])
+            gain = float(costs[y] - costs[mine[x]])
+            if b == k:
+                d += 1
+                continue
+            if gain <= 0.0:
+                break
+            moved_tokens = float(lengths[y] - lengths[mine[x]])
+            if costs[y] > peak[k] or -deficit[b] < gain or tokens[k] + moved_tokens > token_room:
+                d += 1
+                continue
+            step[y], step[mine[x]] = k, b
+            deficit[k] -= gain
+            deficit[b] += gain
+            tokens[k] += moved_tokens
+            tokens[b] -= moved_tokens
+            d += 1
+            x += 1
+            swaps += 1
+    return swaps
