@@ -61,7 +61,7 @@ class InlineClient:
                 for planned in run.feed(block, [c.meta() for c in chunks]):
                     self._record(planned)
                     yield planned, held
-                held = {u: held[u] for u in np.unique(run.pending[0]).tolist()}  # what carried rows read
+                held = {u: held[u] for u in run.held_units().tolist()}  # what later steps read
         for planned in run.finish():
             self._record(planned)
             yield planned, held

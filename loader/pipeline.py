@@ -19,8 +19,17 @@ row groups builds each rank's tensors from those indices (:mod:`loader.assemble`
 A step's membership is decided by the order of *valid* rows, so it never depends on timing: the
 rows of a block are visited in epoch order, invalid ones are counted under their reason, and a
 batch closes at its ``samples_per_step``-th valid row. Valid rows left over at the end of a block
-(fewer than one batch) are carried, as indices, into the next block's first step. Resuming at a
-step boundary needs only (step, cursor): nothing is pending there.
+(fewer than one batch) are carried, as indices, into the next block's first step.
+
+With ``config.compose`` (the default), the cut batches are gathered into composition windows of
+``config.compose_window`` steps (steps ``w*K .. w*K + K - 1`` of the epoch; the epoch's last window may be
+shorter) and :func:`balancer.compose.compose` decides which of the window's samples make up each of its
+steps, each step keeping its size; then each step is planned. A window's steps come out once its last
+batch is cut, so the rows of a whole window are held (:meth:`EpochRun.held_units`).
+
+Resuming needs only (step, cursor): ``cursor`` is where the window holding step ``step`` starts (a
+step's :attr:`Batch.cursor` is its window's start, the last step's the window's end), so a resumed run
+cuts that window again, composes it again, identically, and skips the steps already delivered.
 """
 
 from __future__ import annotations
@@ -52,8 +61,9 @@ class Batch:
     """One global batch of n samples cut from the order, before planning.
 
     Sample i (batch order) is valid row ``row[i]`` of unit ``unit[i]``, ``lengths[i]`` events,
-    home node ``home[i]`` (-1 without a node layout). ``counts`` is what the order passed for it;
-    ``cursor`` is the epoch position after the step.
+    home node ``home[i]`` (-1 without a node layout), ``moved[i]`` steps away from the step of the
+    shuffled order that it was cut into (0 without composition). ``counts`` is what the order passed for
+    the step cut at this place; ``cursor`` is where a run resumes after the step (see the module docstring).
     """
 
     epoch: int
@@ -63,6 +73,7 @@ class Batch:
     row: np.ndarray  # int64 (n,)
     lengths: np.ndarray  # int64 (n,)
     home: np.ndarray  # int64 (n,)
+    moved: np.ndarray  # int64 (n,)
     counts: Counts
 
 
@@ -116,8 +127,11 @@ class EpochRun:
         if not 0 <= start.cursor <= self.order.rows:
             raise ValueError(f"resume cursor {start.cursor} is outside epoch {epoch} of {self.order.rows} rows")
         self.start = start
-        self.step = start.step
+        self.window_steps = config.compose_window if config.compose else 1
+        self.step = start.step - start.step % self.window_steps  # the resumed window is cut again
         self.cursor = start.cursor  # first position not yet visited
+        self.window: list[Batch] = []  # cut steps of the composition window still open
+        self.window_cursor = start.cursor  # where it starts
         empty = np.zeros(0, dtype=np.int64)
         # valid rows visited but not yet in a batch: unit, row, length, home, cut (each (p,))
         self.pending = (empty, empty, empty, empty, empty)
@@ -148,7 +162,7 @@ class EpochRun:
             yield self._plan(batch)
 
     def finish(self) -> Iterator[PlannedStep]:
-        """After the last block: the last short batch (unless ``drop_last``), then :attr:`tail`.
+        """After the last block: the last window's steps (its short batch unless ``drop_last``), then :attr:`tail`.
 
         :attr:`tail` holds what the order passed after the last step (trailing skipped rows, and
         the short batch's rows under ``drop_last``); the caller counts it as the epoch's ``"end"``.
@@ -157,7 +171,23 @@ class EpochRun:
             yield self._plan(batch)
 
     def batches(self, block: int, metas: list[UnitMeta]) -> Iterator[Batch]:
-        """As :meth:`feed`, the steps cut but not planned."""
+        """As :meth:`feed`, the steps cut (and composed) but not planned."""
+        for batch in self._cut(block, metas):
+            self.window.append(batch)
+            if len(self.window) == self.window_steps:
+                yield from self._close_window()
+
+    def last_batch(self) -> Iterator[Batch]:
+        """As :meth:`finish`, the last window's steps cut (and composed) but not planned; sets :attr:`tail`."""
+        self.window.extend(self._cut_last())
+        if self.window:
+            yield from self._close_window()
+
+    def held_units(self) -> np.ndarray:
+        """Units whose rows later steps read: those of carried rows and of the open window, int64 (u,)."""
+        return np.unique(np.concatenate([self.pending[0], *(batch.unit for batch in self.window)]))
+
+    def _cut(self, block: int, metas: list[UnitMeta]) -> Iterator[Batch]:
         member, row = self.order.rows_of(block, self.unit_rows)  # (n,) each, in epoch order
         begin = int(self.order.block_starts[block])
         skip = self.cursor - begin  # positions of this block visited before a resume
@@ -196,8 +226,8 @@ class EpochRun:
         self.pending = self._take(new, first, len(positions))
         self.cursor = int(self.order.block_starts[block + 1])
 
-    def last_batch(self) -> Iterator[Batch]:
-        """As :meth:`finish`, the last short batch (if any) cut but not planned; sets :attr:`tail`."""
+    def _cut_last(self) -> Iterator[Batch]:
+        """The last short batch (if any); sets :attr:`tail`."""
         batch = self.pending
         n = len(batch[0])
         counts, self.pending_counts = self.pending_counts, Counts()
@@ -229,9 +259,33 @@ class EpochRun:
     def _batch(self, batch: tuple, counts: Counts) -> Batch:
         """The next step's :class:`Batch`; the step counter moves on."""
         unit, row, lengths, home, _ = batch
-        cut = Batch(self.epoch, self.step, self.cursor, unit, row, lengths, home, counts)
+        cut = Batch(self.epoch, self.step, self.cursor, unit, row, lengths, home, np.zeros_like(lengths), counts)
         self.step += 1
         return cut
+
+    def _close_window(self) -> Iterator[Batch]:
+        """The open window's steps, composed, from the resumed step on."""
+        window, self.window = self.window, []
+        start, self.window_cursor = self.window_cursor, window[-1].cursor
+        if len(window) > 1:
+            window = self._compose(window, start)
+        for batch in window:
+            if batch.step >= self.start.step:
+                yield batch
+
+    def _compose(self, window: list[Batch], start: int) -> list[Batch]:
+        """``window``'s samples regrouped into its steps by :meth:`BatchSpec.composition`."""
+        sizes = np.array([len(b.lengths) for b in window], dtype=np.int64)
+        unit, row, lengths, home = (np.concatenate([getattr(b, key) for b in window])
+                                    for key in ("unit", "row", "lengths", "home"))
+        composition = self.config.composition(lengths, sizes)
+        moved = composition.moved()
+        steps = []
+        for k, (batch, members) in enumerate(zip(window, composition.members())):
+            cursor = batch.cursor if k == len(window) - 1 else start
+            steps.append(Batch(batch.epoch, batch.step, cursor, unit[members], row[members], lengths[members],
+                               home[members], moved[members], batch.counts))
+        return steps
 
     def _plan(self, batch: Batch) -> PlannedStep:
         lengths, home = batch.lengths, batch.home

@@ -16,6 +16,7 @@ from loader.inline import InlineClient
 from loader.microbatch import MessageSteps, Microbatch
 from loader.pipeline import Resume
 from loader.schema import Columns
+from loader.spec import DEFAULT_COMPOSE_WINDOW
 from loader.sources import index_source
 from loader.state import make_state, read_state
 
@@ -33,7 +34,10 @@ class SequenceLoader:
     Every rank gets exactly ``microbatches`` microbatches per step, for the same number of steps;
     every valid row is delivered exactly once per epoch (the last short step too, unless
     ``drop_last``). ``shuffle_window`` (rows per shuffle block, default 16384) bounds memory;
-    ``pin_memory`` pins the tensors (needs CUDA). Use as a context manager, or call :meth:`close`.
+    ``compose`` (default on) lets each window of ``compose_window`` steps decide which of its samples share
+    a step, so heavy histories land in steps that can be balanced (``compose=False``: the shuffled order's
+    steps, to compare); ``pin_memory`` pins the tensors (needs CUDA). Use as a context manager, or call
+    :meth:`close`.
     """
 
     def __init__(
@@ -60,6 +64,8 @@ class SequenceLoader:
         shuffle_window: int | None = None,
         pin_memory: bool = False,
         planner: str = "balanced",
+        compose: bool = True,
+        compose_window: int = DEFAULT_COMPOSE_WINDOW,
         locality: bool = True,
         ranks_per_node: int | None = None,
     ) -> None:
@@ -69,7 +75,8 @@ class SequenceLoader:
             equal_count=equal_count, seed=seed, shuffle=shuffle, drop_last=drop_last, backend=backend,
             num_readers=num_readers, columns=columns, name=name, ray_address=ray_address,
             prefetch_steps=prefetch_steps, skip_corrupt=skip_corrupt, shuffle_window=shuffle_window,
-            pin_memory=pin_memory, planner=planner, locality=locality, ranks_per_node=ranks_per_node,
+            pin_memory=pin_memory, planner=planner, compose=compose, compose_window=compose_window,
+            locality=locality, ranks_per_node=ranks_per_node,
         )  # fmt: skip
         if pin_memory and not torch.cuda.is_available():
             raise ValueError("pin_memory=True needs a CUDA device, and torch sees none; pass pin_memory=False")

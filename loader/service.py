@@ -451,8 +451,8 @@ class _Sender:
 
     def forget_read(self) -> None:
         """Once a block is planned: drop the handles no future step reads (those of rows carried
-        into the next block, or of steps not sent yet, stay)."""
-        needed = set(np.unique(self.epoch_run.pending[0]).tolist())
+        into the next block or of the open composition window, or of steps not sent yet, stay)."""
+        needed = set(self.epoch_run.held_units().tolist())
         for planned in self.group:
             needed.update(np.unique(planned.unit).tolist())
         self.handles = {u: h for u, h in self.handles.items() if u in needed}

@@ -4,7 +4,10 @@
 A step is ``samples_per_step`` samples cut from the epoch; :meth:`BatchSpec.plan` spreads them over ``ranks``
 x ``microbatches`` bins with ``planner``, costing each sample with ``cost_model`` (``None``: L²), at most
 ``max_tokens`` tokens per microbatch, with ``equal_count`` samples per rank (±1) when asked, tie-breaks drawn
-from ``seed``. :class:`loader.config.LoaderConfig` is a ``BatchSpec`` plus how the loader reads and runs.
+from ``seed``. With ``compose`` (the default), :meth:`BatchSpec.composition` first decides which samples of
+each window of ``compose_window`` consecutive steps make up each of them (:mod:`balancer.compose`), so that
+heavy histories share steps that can be balanced. :class:`loader.config.LoaderConfig` is a ``BatchSpec`` plus
+how the loader reads and runs.
 """
 
 from __future__ import annotations
@@ -15,6 +18,10 @@ import numpy as np
 
 import balancer
 from balancer import CostModel, available_methods
+from balancer.compose import Composition, ComposeMethod, compose
+
+# Steps per composition window by default: enough steps that the heavy samples of a window fill whole steps.
+DEFAULT_COMPOSE_WINDOW = 16
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -27,10 +34,14 @@ class BatchSpec:
     equal_count: bool = False
     seed: int = 0
     planner: str = "balanced"
+    compose: bool = True
+    compose_window: int = DEFAULT_COMPOSE_WINDOW
 
     def __post_init__(self) -> None:
-        for key in ("ranks", "microbatches", "samples_per_step"):
+        for key in ("ranks", "microbatches", "samples_per_step", "compose_window"):
             positive(key, getattr(self, key))
+        if not isinstance(self.compose, bool):
+            raise ValueError(f"compose must be True or False, got {self.compose!r}")
         if self.max_tokens is not None:
             positive("max_tokens", self.max_tokens, "or None")
         if not isinstance(self.equal_count, bool):
@@ -50,6 +61,12 @@ class BatchSpec:
     def as_kwargs(self) -> dict:
         """The fields as keyword arguments (``SequenceLoader(source, **spec.as_kwargs(), ...)``)."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def composition(self, lengths: np.ndarray, sizes: np.ndarray, method: ComposeMethod = "giants") -> Composition:
+        """Which samples of a window (``lengths`` (N,) in shuffled order, ``sizes`` (K,) samples per step) make
+        up each of its steps (``method``: a reference composition instead of ours, to compare)."""
+        return compose(lengths, sizes=sizes, ranks=self.ranks, microbatches=self.microbatches,
+                       cost_model=self.cost_model, max_tokens=self.max_tokens, method=method)
 
     def plan(self, lengths: np.ndarray, *, method: str | None = None, **locality) -> balancer.Plan:
         """``balancer.plan`` of one step's ``lengths`` with these settings (``method``: another planner than

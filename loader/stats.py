@@ -57,6 +57,8 @@ class Stats:
         self.crossing_tokens = 0
         self.max_over_lb_sum = 0.0
         self.max_over_lb_max = 0.0
+        self.moved_sum = 0  # steps samples moved from their shuffled step (composition), summed
+        self.moved_max = 0
         self.skipped_files = skipped_files
         self.clock = clock
         self.rate = Rate(clock())
@@ -80,6 +82,9 @@ class Stats:
         ratio = float(planned.metrics.get("max_over_lower_bound", 1.0))
         self.max_over_lb_sum += ratio
         self.max_over_lb_max = max(self.max_over_lb_max, ratio)
+        if planned.moved.size:
+            self.moved_sum += int(planned.moved.sum())
+            self.moved_max = max(self.moved_max, int(planned.moved.max()))
 
     def taken(self, rank: int, seconds: float, nbytes: int) -> None:
         """Rank ``rank`` waited ``seconds`` for a message and mapped ``nbytes`` bytes of objects for it."""
@@ -115,6 +120,7 @@ class Stats:
             "planner_ms_per_step": 1e3 * self.planner_seconds / steps,
             "planner_ms_max": 1e3 * self.planner_max,
             "max_over_lower_bound": {"mean": self.max_over_lb_sum / steps, "max": self.max_over_lb_max},
+            "moved_steps": {"mean": self.moved_sum / max(c.delivered, 1), "max": self.moved_max},
             "crossing_samples": self.crossing_samples / max(c.delivered, 1),
             "crossing_tokens": self.crossing_tokens / max(self.tokens, 1),
             "rows_per_second": self.rate.per_second(self.clock()),

@@ -195,6 +195,12 @@ def test_resume_after_every_step_in_process(data):
         assert_resume_equal(data, KWARGS, stop_after=stop_after, spawn=False)
 
 
+@pytest.mark.parametrize("window", [1, 3])
+def test_resume_inside_and_between_composition_windows(data, window):
+    for stop_after in range(0, 10):
+        assert_resume_equal(data, {**KWARGS, "compose_window": window}, stop_after=stop_after, spawn=False)
+
+
 def test_resume_across_processes_and_epochs(data):
     assert_resume_equal(data, KWARGS, stop_after=4, spawn=True)
     assert_resume_equal(data, KWARGS, stop_after=9, epochs=(0, 1), spawn=False)  # at the epoch's end
@@ -210,7 +216,13 @@ def test_state_is_small_and_checked(data):
         state = loader.state_dict()
     assert fresh["step"] == fresh["cursor"] == fresh["epoch"] == 0
     assert set(state) == {"version", "seed", "epoch", "step", "cursor", "fingerprint"} and state["step"] == 1
-    assert 23 <= state["cursor"] < 200 and all(isinstance(v, int) for v in state.values())
+    # step 1 lies in the first composition window (16 steps), which a resumed run cuts again from position 0
+    assert state["cursor"] == 0 and all(isinstance(v, int) for v in state.values())
+    with SequenceLoader(data, **{**KWARGS, "compose": False}) as plain:
+        it = plain.iter_rank(1)
+        for _ in range(3):
+            next(it)
+        assert 23 <= plain.state_dict()["cursor"] < 200  # without composition: right after the step
     with SequenceLoader(data, **{**KWARGS, "seed": 12}) as other:
         with pytest.raises(ValueError, match="state was saved with seed=11, this loader has seed=12"):
             other.load_state_dict(state)
