@@ -1,5 +1,6 @@
 """The installed package (what `pip install .` and deploy/Dockerfile put in an image) carries its non-Python
-files: the CUDA sources that cuda_ext compiles on first use, and the bundled MovieLens sample."""
+files: the CUDA sources that cuda_ext compiles on first use, the bundled MovieLens sample, and the real
+datasets' length histograms that analysis.workloads.dataset_lengths reads."""
 
 import shutil
 import subprocess
@@ -29,3 +30,4 @@ def test_wheel_ships_the_cuda_sources_and_the_sample_data(tmp_path):
     assert sources and {f"cuda_ext/{name}" for name in sources} <= names
     sample = ROOT / "loader" / "sample_data" / "ml-latest-small"
     assert {f"loader/sample_data/ml-latest-small/{p.name}" for p in sample.iterdir()} <= names
+    assert "analysis/data/length_histograms.json" in names

@@ -81,7 +81,7 @@ def test_deterministic_and_layout_independent(synth_dir, tmp_path):
     assert not _read(tmp_path / "b").equals(reference)
 
 
-@pytest.mark.parametrize("lengths", ["zipf", "bimodal", "uniform"])
+@pytest.mark.parametrize("lengths", ["zipf", "pareto", "bimodal", "uniform"])
 def test_other_length_distributions(tmp_path, lengths):
     summary = write_synthetic(tmp_path, users=50, lengths=lengths, max_len=64, seed=1, files=2)
     table = _read(tmp_path)
@@ -106,7 +106,7 @@ def test_tiny_dataset_uses_fewer_files(tmp_path):
     "kwargs, message",
     [
         ({"users": 0}, "users must be >= 1, got 0"),
-        ({"users": 10, "lengths": "pareto"}, "unknown lengths 'pareto'"),
+        ({"users": 10, "lengths": "weibull"}, "unknown lengths 'weibull'"),
         ({"users": 10, "items": 0}, "items must be >= 1"),
         ({"users": 10, "files": 0}, "files must be >= 1"),
         ({"users": 10, "max_len": 0}, "max_len must be >= 1"),
