@@ -10,8 +10,8 @@ number of samples of each of its steps (``samples_per_step`` each, the epoch's l
 returns each sample's step. Every step keeps its size, so the number of steps and the batch size the
 loss and the learning-rate schedule see are unchanged. Methods:
 
-- ``giants`` (ours): heavy samples (costing more than ``HEAVY_SHARE`` of a typical rank's share of a
-  step) are gathered into *cores*, costliest first, so that a step holding a sample of cost ``h`` gets
+- ``giants`` (ours): heavy samples (costing more than ``HEAVY_SHARE`` of a rank's share of a step of
+  light samples, ``heavy_threshold``) are gathered into *cores*, costliest first, so that a step holding a sample of cost ``h`` gets
   about ``R * h`` of work, packable onto its R ranks (``kernels.compose.gather_cores``); each core goes
   to the free step nearest to where its costliest sample was; light samples fill every step's remaining
   places in their shuffled order; steps whose costliest sample still outweighs their total over R swap
@@ -125,9 +125,16 @@ def compose(
 
 
 def heavy_threshold(costs: np.ndarray, sizes: np.ndarray, ranks: int) -> float:
-    """Cost above which a sample is heavy: ``HEAVY_SHARE`` of the median shuffled step's total over R."""
-    totals = np.bincount(shuffled_steps(sizes), weights=costs, minlength=len(sizes))
-    return HEAVY_SHARE * float(np.median(totals)) / ranks
+    """Cost above which a sample is heavy: ``HEAVY_SHARE`` of a rank's share of a step of light samples.
+
+    The largest ``t`` with ``t = HEAVY_SHARE * (sum of costs <= t) / (K R)``: a threshold taken from all
+    costs would let the giants inflate the share (a few giants make every shuffled step look heavy), and
+    the steps that hold no heavy sample get only the light ones.
+    """
+    ascending = np.sort(costs)  # (N,)
+    share = HEAVY_SHARE * np.cumsum(ascending) / (len(sizes) * ranks)  # (N,) threshold if the first i+1 are light
+    light = np.flatnonzero(ascending <= share)
+    return float(share[light[-1]]) if light.size else 0.0
 
 
 def _giants(lengths: np.ndarray, costs: np.ndarray, sizes: np.ndarray, ranks: int, token_room: float) -> np.ndarray:

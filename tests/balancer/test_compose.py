@@ -111,12 +111,14 @@ def test_a_composed_heavy_step_plans_onto_its_ranks():
 
 
 def test_outlier_delay_releases_heavy_samples_r_at_a_time():
-    lengths = np.array([10, 900, 10, 10, 900, 10, 10, 900, 10, 10, 10, 10], dtype=np.int64)
-    sizes = np.array([3, 3, 3, 3], dtype=np.int64)
+    lengths = np.full(24, 10, dtype=np.int64)
+    lengths[[1, 8, 15]] = 900
+    sizes = np.full(4, 6, dtype=np.int64)
     out = compose(lengths, sizes=sizes, ranks=2, cost_model=COST, method="outlier_delay")
-    # the first two heavy samples (1 and 4) travel together, after the light sample before the second;
-    # the third (7) has no partner and goes to the end of the window
-    assert [m.tolist() for m in out.members()] == [[0, 2, 3], [1, 4, 5], [6, 8, 9], [7, 10, 11]]
+    # the first two heavy samples (1 and 8) wait for each other and travel together; the third (15) has no
+    # partner and goes to the end of the window; light samples keep their order
+    assert [m.tolist() for m in out.members()] == [
+        [0, 2, 3, 4, 5, 6], [1, 7, 8, 9, 10, 11], [12, 13, 14, 16, 17, 18], [15, 19, 20, 21, 22, 23]]
 
 
 def _best_time(lengths, sizes, ranks):
@@ -150,3 +152,17 @@ def test_bad_arguments_are_named():
         compose([1, 2], sizes=[2], ranks=0)
     with pytest.raises(ValueError, match="sizes must be a 1-D array of positive integers"):
         compose([1, 2], sizes=[2, 0], ranks=1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(window=windows, ranks=st.integers(1, 9))
+def test_the_heavy_threshold_is_half_a_share_of_the_light_samples_and_giants_do_not_move_it(window, ranks):
+    lengths, sizes = window
+    costs = COST.cost(lengths)
+    t = heavy_threshold(costs, sizes, ranks)
+    light = costs[costs <= t]
+    if light.size:
+        assert t == pytest.approx(0.5 * light.sum() / (len(sizes) * ranks))
+    giant = np.r_[costs[:-1], 1e30]  # one sample replaced by a giant
+    if costs[-1] > t:
+        assert heavy_threshold(giant, sizes, ranks) == pytest.approx(t)
