@@ -15,6 +15,7 @@ from loader import SequenceLoader
 from loader import ray_backend
 from loader.ray_backend import NAMESPACE, coordinator_name
 from loader.reader import shutdown_readers
+from analysis.synth import write_synthetic
 
 from .helpers import (ROOT, assert_resume_equal, by_threads, check_layout, collect, corrupt_row_group, histories,
                       record, run_worker_process, source_histories, synth)
@@ -47,6 +48,44 @@ def test_exactly_once_and_identical_to_inline(ray_address, data, ranks, microbat
     with SequenceLoader(data, backend="inline", **kwargs) as inline:
         assert collect(inline) == steps
     assert stats["rows_read"] == stats["rows_delivered"] == 200 and stats["steps"] == len(steps)
+
+
+@pytest.fixture(scope="module")
+def heavy(tmp_path_factory):
+    """Heavy-tailed histories (median 6 events, up to 400): a few outweigh a rank's share of their step."""
+    path = tmp_path_factory.mktemp("heavy")
+    write_synthetic(path, users=320, median=6, max_len=400, seed=5, items=500, files=2, rows_per_group=40)
+    return path
+
+
+def _lockstep(steps) -> float:
+    """Summed lockstep time of delivered steps: sum over steps and microbatches of the costliest rank's cost."""
+    return sum(max(rank[j]["cost"] for rank in step) for step in steps for j in range(len(step[0])))
+
+
+def test_composed_steps_are_exactly_once_identical_on_both_backends_and_shorter(ray_address, heavy):
+    kwargs = dict(ranks=4, microbatches=2, samples_per_step=40, compose_window=4, seed=2, num_readers=2)
+    with SequenceLoader(heavy, backend="ray", **kwargs) as loader:
+        per_rank = by_threads(loader, 4)
+        stats = loader.stats()
+    steps = _steps(per_rank, 2)
+    check_layout(steps, ranks=4, microbatches=2)
+    assert histories(steps) == source_histories(heavy)
+    assert [sum(len(mb["user_ids"]) for rank in step for mb in rank) for step in steps] == [40] * 8
+    assert stats["moved_steps"]["max"] >= 1 and stats["moved_steps"]["mean"] > 0  # composition moved samples
+    with SequenceLoader(heavy, backend="inline", **kwargs) as inline:
+        assert collect(inline) == steps
+    with SequenceLoader(heavy, backend="inline", compose=False, **kwargs) as plain:
+        shuffled = collect(plain)
+        assert plain.stats()["moved_steps"] == {"mean": 0.0, "max": 0}
+    assert histories(shuffled) == histories(steps)
+    assert _lockstep(steps) < 0.9 * _lockstep(shuffled)
+
+
+def test_resume_inside_a_composition_window_in_a_new_process(ray_address, heavy):
+    kwargs = dict(ranks=4, microbatches=2, samples_per_step=40, compose_window=4, seed=2, num_readers=2,
+                  backend="ray", ray_address=ray_address)
+    assert_resume_equal(heavy, kwargs, stop_after=5, spawn=True)  # step 5 lies inside the second window
 
 
 def test_named_coordinator_is_shared_by_trainer_processes(ray_address, data):
