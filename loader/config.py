@@ -7,12 +7,15 @@ import zlib
 from dataclasses import asdict, dataclass
 from typing import Literal
 
+import numpy as np
+
 from loader.schema import Columns
 from loader.sources import SourceIndex
 from loader.spec import BatchSpec, positive
 
 BACKENDS = ("ray", "inline")
-# Rows per shuffle block (see loader.order): two blocks of the bench's 300-event histories are ~0.4 GB.
+# Rows per shuffle block (see loader.order) at least: two blocks of the bench's 300-event histories are ~0.4 GB.
+# With declared nodes, by default at least a row group per node (``LoaderConfig.block_rows``).
 DEFAULT_SHUFFLE_WINDOW = 16_384
 
 
@@ -69,8 +72,18 @@ class LoaderConfig(BatchSpec):
 
     @property
     def window(self) -> int:
-        """Rows per shuffle block: at least one global batch."""
+        """Rows per shuffle block before the trainer nodes are counted (:meth:`block_rows`): at least one
+        global batch."""
         return max(self.shuffle_window or DEFAULT_SHUFFLE_WINDOW, self.samples_per_step)
+
+    def block_rows(self, unit_rows: np.ndarray) -> int:
+        """Rows per shuffle block over units of ``unit_rows`` (U,): :attr:`window`, and by default at least one
+        of the largest row group per trainer node where ``ranks_per_node`` declares the nodes, so that a
+        block's rows have their home on every node and the locality-aware plan can keep them there."""
+        if self.shuffle_window is not None or self.ranks_per_node is None:
+            return self.window
+        nodes = self.ranks // self.ranks_per_node
+        return max(self.window, nodes * int(np.max(unit_rows, initial=0)))
 
     @property
     def contract(self) -> Columns:
@@ -92,7 +105,7 @@ def fingerprint(index: SourceIndex, config: LoaderConfig) -> int:
     model = config.cost_model
     decisive["cost_model"] = None if model is None else [model.quadratic, model.linear, model.constant]
     decisive["columns"] = repr(config.contract)
-    decisive["window"] = config.window
+    decisive["window"] = config.block_rows(np.array([u.rows for u in index.units], dtype=np.int64))
     decisive["files"] = [f.path for f in index.files]
     decisive["units"] = [(u.file, u.row_group, u.rows) for u in index.units]
     decisive["lists"] = [(column, str(t)) for column, t in index.lists]

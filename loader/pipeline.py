@@ -122,7 +122,8 @@ class EpochRun:
         self.layout = layout if layout is not None and layout.nodes > 1 else None
         self.unit_rows = np.array([u.rows for u in index.units], dtype=np.int64)
         self.order = epoch_order(
-            self.unit_rows, seed=config.seed, epoch=epoch, shuffle=config.shuffle, window=config.window
+            self.unit_rows, seed=config.seed, epoch=epoch, shuffle=config.shuffle,
+            window=config.block_rows(self.unit_rows)
         )
         if not 0 <= start.cursor <= self.order.rows:
             raise ValueError(f"resume cursor {start.cursor} is outside epoch {epoch} of {self.order.rows} rows")

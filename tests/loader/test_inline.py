@@ -255,3 +255,14 @@ def test_locality_plans_are_exact_deterministic_and_resume(data):
     assert [sorted(u for rank in s for mb in rank for u in mb["user_ids"]) for s in off] == \
         [sorted(u for rank in s for mb in rank for u in mb["user_ids"]) for s in steps]
     assert_resume_equal(data, kwargs, stop_after=2, spawn=False)
+
+
+def test_the_default_shuffle_block_scales_with_the_declared_trainer_nodes(data):
+    from loader.config import DEFAULT_SHUFFLE_WINDOW, LoaderConfig
+
+    unit_rows = np.array([40, 40, 25, 8000], dtype=np.int64)
+    spec = dict(ranks=64, microbatches=2, samples_per_step=128)
+    assert LoaderConfig(**spec).block_rows(unit_rows) == DEFAULT_SHUFFLE_WINDOW  # nodes unknown: the default
+    assert LoaderConfig(**spec, ranks_per_node=8).block_rows(unit_rows) == 8 * 8000  # a largest row group per node
+    assert LoaderConfig(**spec, ranks_per_node=32).block_rows(unit_rows) == DEFAULT_SHUFFLE_WINDOW  # 2 nodes
+    assert LoaderConfig(**spec, ranks_per_node=8, shuffle_window=500).block_rows(unit_rows) == 500  # the user's
