@@ -15,13 +15,7 @@ from balancer.cost import DEFAULT_COST_MODEL, CostModel
 from balancer.kernels.totals import bin_totals
 from balancer.locality import crossing, plan_local, validate_layout
 from balancer.metrics import balance_metrics
-from balancer.registry import Problem, get_planner
-
-# Planners that honour ``max_tokens`` and ``equal_count``; the others are reference baselines that
-# are equal-count by construction and do not know about token caps (their violations are counted).
-CONSTRAINT_AWARE = frozenset({"balanced", "lpt"})
-# Planners that keep samples on their home node (``home``/``rank_node``); the others only report crossing.
-LOCALITY_AWARE = frozenset({"balanced"})
+from balancer.registry import Problem, Registered, get_planner
 
 
 @dataclass
@@ -90,7 +84,7 @@ def plan(
     of another node than their home; 0.0 without ``home``) for every method, and ``locality_fallback``
     (1 where the plan is the non-local one: the local plan lost the rule, or there was none).
     """
-    planner = get_planner(method)
+    entry = get_planner(method)
     ranks = _positive_int("ranks", ranks)
     microbatches = _positive_int("microbatches", microbatches)
     lengths = validate_lengths(lengths)
@@ -108,12 +102,12 @@ def plan(
 
     start = time.perf_counter()
     kept = True
-    if layout is not None and method in LOCALITY_AWARE and layout.spans_nodes:
-        rank, microbatch, kept = plan_local(problem, layout, planner)
+    if layout is not None and entry.honours.locality and layout.spans_nodes:
+        rank, microbatch, kept = plan_local(problem, layout, entry.planner)
     else:
-        rank, microbatch = planner(problem)
+        rank, microbatch = entry.planner(problem)
     seconds = time.perf_counter() - start
-    result = _assemble(problem, method, rank, microbatch, seconds)
+    result = _assemble(problem, entry, rank, microbatch, seconds)
     away = (0.0, 0.0) if layout is None else crossing(layout, problem.lengths, result.rank)
     result.metrics.update(crossing_samples=away[0], crossing_tokens=away[1], locality_fallback=int(not kept))
     return result
@@ -163,8 +157,8 @@ def _check_token_cap(lengths: np.ndarray, max_tokens: int, n_bins: int) -> None:
         )
 
 
-def _assemble(problem: Problem, method: str, rank: np.ndarray, microbatch: np.ndarray, seconds: float) -> Plan:
-    R, M = problem.ranks, problem.microbatches
+def _assemble(problem: Problem, entry: Registered, rank: np.ndarray, microbatch: np.ndarray, seconds: float) -> Plan:
+    R, M, method = problem.ranks, problem.microbatches, entry.name
     rank = np.asarray(rank).astype(np.int32, copy=False)
     microbatch = np.asarray(microbatch).astype(np.int32, copy=False)
     if rank.shape != (problem.n,) or microbatch.shape != (problem.n,):
@@ -179,15 +173,16 @@ def _assemble(problem: Problem, method: str, rank: np.ndarray, microbatch: np.nd
         max_single_cost=float(problem.costs.max()) if problem.n else 0.0,
         max_tokens=problem.max_tokens,
     )
-    if method in CONSTRAINT_AWARE:
-        _check_constraints(problem, method, tokens, counts, metrics)
+    _check_promises(problem, entry, counts, metrics)
     return Plan(rank, microbatch, loads, tokens, counts, metrics, method, seconds)
 
 
-def _check_constraints(problem: Problem, method: str, tokens, counts, metrics) -> None:
-    if metrics["token_cap_violations"]:
+def _check_promises(problem: Problem, entry: Registered, counts, metrics) -> None:
+    """The constraints ``entry`` honours hold on its plan (a RuntimeError otherwise: a planner bug)."""
+    method = entry.name
+    if entry.honours.max_tokens and metrics["token_cap_violations"]:
         raise RuntimeError(f"planner {method!r} broke max_tokens={problem.max_tokens}; please report this bug")
-    if problem.equal_count:
+    if entry.honours.equal_count and problem.equal_count:
         per_rank = counts.sum(axis=1)
         if per_rank.max() - per_rank.min() > 1:
             raise RuntimeError(f"planner {method!r} broke equal_count ({per_rank.min()}..{per_rank.max()})")

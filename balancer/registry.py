@@ -1,8 +1,11 @@
-"""Planner registry: every method of ``balancer.plan`` is a function registered here by name.
+"""Planner registry: every method of ``balancer.plan`` is a function registered here by name, with what it honours.
 
 A planner takes a validated ``Problem`` and returns ``(rank, microbatch)``, both int64 (N,).
 The dispatcher (``balancer.plan``) validates inputs, calls it, checks the result and computes metrics,
-so a planner holds only its algorithm.
+so a planner holds only its algorithm. Each planner declares, where it registers, which of ``plan``'s
+requests it honours (``Honours``): the dispatcher checks the promised constraints on every plan and hands
+``home``/``rank_node`` to the locality-aware ones only; the others are reference baselines whose
+violations are counted, not prevented.
 """
 
 from __future__ import annotations
@@ -60,20 +63,43 @@ class Problem:
 
 
 Planner = Callable[[Problem], "tuple[np.ndarray, np.ndarray]"]
-_PLANNERS: dict[str, Planner] = {}
 
 
-def register(name: str) -> Callable[[Planner], Planner]:
+@dataclass(frozen=True)
+class Honours:
+    """What a planner promises about its plans (the dispatcher checks the first two on every plan).
+
+    ``max_tokens``: no microbatch over the token cap; ``equal_count``: rank sample counts within one of each
+    other when asked; ``locality``: it plans with ``home``/``rank_node`` (samples kept on their home node)."""
+
+    max_tokens: bool = False
+    equal_count: bool = False
+    locality: bool = False
+
+
+@dataclass(frozen=True)
+class Registered:
+    """A registered planner: its name, its function and what it honours."""
+
+    name: str
+    planner: Planner
+    honours: Honours
+
+
+_PLANNERS: dict[str, Registered] = {}
+
+
+def register(name: str, *, honours: Honours = Honours()) -> Callable[[Planner], Planner]:
     def decorate(fn: Planner) -> Planner:
         if name in _PLANNERS:
             raise ValueError(f"planner {name!r} is already registered")
-        _PLANNERS[name] = fn
+        _PLANNERS[name] = Registered(name, fn, honours)
         return fn
 
     return decorate
 
 
-def get_planner(name: str) -> Planner:
+def get_planner(name: str) -> Registered:
     try:
         return _PLANNERS[name]
     except KeyError:

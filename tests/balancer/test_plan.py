@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 import balancer
 from balancer import CostModel, plan
+from balancer.registry import Honours, get_planner
 from analysis.workloads import sample_lengths
 
 METHODS = ("balanced", "naive", "zigzag", "kk", "lpt")
@@ -77,15 +78,12 @@ def test_plan_invariants(method, problem, seed):
     assert sorted(order.tolist()) == list(range(n)) and offsets[-1] == n
     assert p.loads.shape == p.tokens.shape == (R, M)
     assert p.counts.sum() == n
-    # constraints
-    if method in ("balanced", "lpt"):
-        if max_tokens is not None:
-            assert p.tokens.max(initial=0) <= max_tokens and p.metrics["token_cap_violations"] == 0
-        if equal_count:
-            per_rank = p.counts.sum(axis=1)
-            assert per_rank.max() - per_rank.min() <= 1
-    if method in ("naive", "zigzag", "kk"):  # equal-count by construction
-        per_rank = p.counts.sum(axis=1)
+    # constraints: what the planner declares it honours (the reference planners are equal-count by construction)
+    honours = get_planner(method).honours
+    if honours.max_tokens and max_tokens is not None:
+        assert p.tokens.max(initial=0) <= max_tokens and p.metrics["token_cap_violations"] == 0
+    per_rank = p.counts.sum(axis=1)
+    if honours.equal_count and (equal_count or method in ("naive", "zigzag", "kk")):
         assert per_rank.max() - per_rank.min() <= 1
     # metrics equal a plain recomputation from rank/microbatch
     expected = recompute_metrics(lengths, p.rank, p.microbatch, R, M, cost_model, max_tokens)
@@ -140,6 +138,13 @@ def test_balanced_keeps_the_peak_and_the_lockstep_balance_under_a_cap():
     p = plan(lengths, ranks=64, microbatches=8, max_tokens=98326)
     assert p.metrics["max_over_lower_bound"] == 1.0
     assert p.metrics["bubble_fraction"] < 0.001
+
+
+def test_planners_declare_what_they_honour():
+    assert get_planner("balanced").honours == Honours(max_tokens=True, equal_count=True, locality=True)
+    assert get_planner("lpt").honours == Honours(max_tokens=True, equal_count=True)
+    for method in ("naive", "zigzag", "kk"):  # equal counts by construction, blind to caps and homes
+        assert get_planner(method).honours == Honours(equal_count=True)
 
 
 def test_fewer_samples_than_bins_and_empty_batch():
