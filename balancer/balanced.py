@@ -53,27 +53,13 @@ from functools import cached_property
 import numpy as np
 
 from balancer.kernels.assign import lpt_assign, pack_within_ranks
-from balancer.kernels.colfill import column_fill
-from balancer.kernels.common import Rules
-from balancer.kernels.exchange import exchange
-from balancer.kernels.refine import bin_thresholds, refine
+from balancer.kernels.colfill import COLUMN_FILL_WORK, column_fill
 from balancer.kernels.runs import deficit_fill, spread_runs
-from balancer.kernels.tighten import tighten
 from balancer.lpt import flat_lpt_bins
-from balancer.metrics import lockstep_bubble
-from balancer.registry import Problem, register
+from balancer.polish import Candidate, lay_out, polish, positive_levels
+from balancer.registry import Honours, Problem, register
 from balancer.zigzag import serpentine
 
-# Accepted refinement steps per bin before giving up on the last tiny gains.
-REFINE_STEPS_PER_BIN = 64
-# Work budget of one refinement per sample (a unit: one bin or one sample examined; ~1-2 ns): keeps the
-# search O(N) where most bins cannot be improved (few samples per bin, tight constraints).
-REFINE_WORK_PER_SAMPLE = 256
-# Refinement stops when every bin is within this fraction of its level (exactly at it where the
-# level is the costliest sample's cost: that bound is always reachable and is the plan's peak).
-REFINE_TOLERANCE = 1e-4
-# Small-sample swaps per bin that may lower a flat plan's peak after the local search.
-TIGHTEN_STEPS_PER_BIN = 2
 # Plans whose peaks differ by less than this fraction tie, and the lower lockstep bubble wins.
 CHOICE_TOLERANCE = 1e-5
 # Spare capacity of the columns below the top level: discrete samples cannot fill every bin exactly,
@@ -81,8 +67,6 @@ CHOICE_TOLERANCE = 1e-5
 LEVEL_SLACK = 2e-4
 # Below this many samples per bin, the column and zigzag starts also run on unconstrained batches.
 FILL_ONLY_PER_BIN = 64
-# The column-fill start (first fit, O(N * R * M)) runs while N * R * M stays below this.
-COLUMN_FILL_WORK = 1 << 27
 # From this many samples on, the lpt start runs alone (O(N) over runs of equal length; tightened, its
 # flat plan ends within a cost unit of the mean at 1M samples, where the other starts only cost time).
 LPT_ONLY_SAMPLES = 1 << 18
@@ -99,24 +83,6 @@ def column_levels(desc_costs: np.ndarray, ranks: int, microbatches: int) -> np.n
     below = levels < levels[0]
     levels[below] = np.minimum(levels[below] * (1.0 + LEVEL_SLACK), levels[0])
     return positive_levels(levels)
-
-
-def positive_levels(levels: np.ndarray) -> np.ndarray:
-    """Levels with empty slots raised to a tiny positive level (refine divides nothing by them, but a
-    zero threshold would count any sample there as excess)."""
-    return np.maximum(levels, levels[0] * 1e-9 if levels[0] > 0 else 1.0)
-
-
-@dataclass
-class Candidate:
-    bins: np.ndarray  # int64 (N,): bin of each sample, b = rank * M + slot before the layout
-    flat: bool  # one level: bins carry no rank structure yet
-    index: int  # the start's place in START_ORDER: ties in the choice go to the earlier start
-    rank_of_bin: np.ndarray | None = None  # int64 (R*M,), after the layout
-    slot_of_bin: np.ndarray | None = None
-    peak: float = 0.0
-    bubble: float = 0.0
-    lockstep: float = 0.0  # sum over slots of the costliest bin in the slot
 
 
 # Ties in the choice go to the start listed first here (the order the starts ran in before the schedule
@@ -192,7 +158,7 @@ class _Starts:
             columns, levels = self.columns, positive_levels(fill_levels)
         if bins is None or np.any(bins < 0):
             return None
-        refined(p, bins, columns, levels, self.costliest)
+        polish(p, bins, columns, levels, self.costliest)
         flat = levels is self.flat_level
         cand = Candidate(bins, flat, START_ORDER.index(name))
         lay_out(p, cand)
@@ -208,7 +174,7 @@ class _Starts:
         return cand.peak <= bound and cand.lockstep <= self.lockstep_floor * (1.0 + CHOICE_TOLERANCE)
 
 
-@register("balanced")
+@register("balanced", honours=Honours(max_tokens=True, equal_count=True, locality=True))
 def balanced(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
     if not problem.n:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
@@ -240,41 +206,8 @@ def _zigzag_start(problem: Problem, order: np.ndarray) -> np.ndarray | None:
     return None
 
 
-def refined(problem: Problem, bins: np.ndarray, columns: np.ndarray, levels: np.ndarray,
-             costliest: float) -> np.ndarray:
-    rules = problem.rules
-    threshold = bin_thresholds(levels[columns], REFINE_TOLERANCE, costliest)
-    work = REFINE_WORK_PER_SAMPLE * max(problem.n, problem.n_bins)
-    refine(bins, problem.costs, problem.lengths, threshold, rules, REFINE_STEPS_PER_BIN * problem.n_bins, work)
-    exchange(bins, problem.costs, problem.lengths, threshold, rules, work)
-    if levels.shape[0] == 1:
-        tighten(bins, problem.costs, problem.lengths, problem.n_bins, rules, float(levels[0]),
-                TIGHTEN_STEPS_PER_BIN * problem.n_bins)
-    return bins
-
-
 def _peak(problem: Problem, bins: np.ndarray) -> float:
     return float(np.bincount(bins, weights=problem.costs, minlength=problem.n_bins).max())
-
-
-def lay_out(problem: Problem, cand: Candidate) -> None:
-    """Ranks and slots of ``cand``'s bins (flat plans regrouped onto ranks without ``equal_count``; each
-    rank's microbatches heaviest first), its peak, lockstep bubble and lockstep time."""
-    R, M, n_bins = problem.ranks, problem.microbatches, problem.n_bins
-    loads = np.bincount(cand.bins, weights=problem.costs, minlength=n_bins)  # (R*M,)
-    rank_of_bin = np.arange(n_bins) // M
-    if cand.flat and not problem.equal_count:
-        rank_of_bin = _group_bins_into_ranks(loads, R, M)
-    # slot of each bin inside its rank: heaviest first (stable by bin id)
-    by_rank_then_load = np.lexsort((np.arange(n_bins), -loads, rank_of_bin))
-    slot_of_bin = np.empty(n_bins, dtype=np.int64)
-    slot_of_bin[by_rank_then_load] = np.arange(n_bins) % M
-    grid = np.zeros((R, M))
-    grid[rank_of_bin, slot_of_bin] = loads
-    cand.rank_of_bin, cand.slot_of_bin = rank_of_bin, slot_of_bin
-    cand.peak = float(loads.max())
-    cand.bubble = lockstep_bubble(grid)
-    cand.lockstep = float(grid.max(axis=0).sum())
 
 
 def _choose(candidates: list[Candidate], ceiling: float) -> Candidate:
@@ -282,12 +215,3 @@ def _choose(candidates: list[Candidate], ceiling: float) -> Candidate:
     best_peak = min(c.peak for c in candidates)
     bar = min(best_peak * (1.0 + CHOICE_TOLERANCE), max(ceiling, best_peak))
     return min((c for c in candidates if c.peak <= bar), key=lambda c: (c.bubble, c.peak, c.index))
-
-
-def _group_bins_into_ranks(loads: np.ndarray, ranks: int, microbatches: int) -> np.ndarray:
-    """Rank of each bin, int64 (R*M,): heaviest bins first onto the lightest rank with < M bins."""
-    order = np.lexsort((np.arange(loads.shape[0]), -loads))
-    ones = np.ones(loads.shape[0], dtype=np.int64)
-    # LPT with ranks as the bins (one column, level 1) and a quota of exactly M bins per rank
-    rules = Rules(1, 0, True, microbatches, 0)
-    return lpt_assign(order, loads, ones, np.zeros(ranks, dtype=np.int64), np.ones(1), rules)

@@ -39,6 +39,9 @@ from numba import njit
 
 from balancer.kernels.common import room
 
+# The planners run the column fill (O(N * R * M)) while N * R * M stays at or below this.
+COLUMN_FILL_WORK = 1 << 27
+
 
 @njit(cache=True, nogil=True)
 def column_fill(order, costs, lengths, ranks, rules):
