@@ -246,6 +246,25 @@ def test_bin_totals_match_reference(data):
         np.testing.assert_array_equal(got, ref)
 
 
+@given(st.data())
+@settings(max_examples=80, deadline=None)
+def test_summary_matches_reference(data):
+    ranks, microbatches = data.draw(st.integers(1, 6)), data.draw(st.integers(1, 5))
+    shape = (ranks, microbatches)
+    # costs not exact in binary: both sum each rank's bins in slot order, then the ranks in order
+    loads = np.asarray(data.draw(st.lists(st.floats(0.0, 1e6), min_size=ranks * microbatches,
+                                          max_size=ranks * microbatches)), dtype=np.float64).reshape(shape) / 7.0
+    tokens = np.asarray(data.draw(st.lists(st.integers(0, 5000), min_size=ranks * microbatches,
+                                           max_size=ranks * microbatches)), dtype=np.int64).reshape(shape)
+    counts = np.asarray(data.draw(st.lists(st.integers(0, 40), min_size=ranks * microbatches,
+                                           max_size=ranks * microbatches)), dtype=np.int64).reshape(shape)
+    max_tokens = data.draw(st.sampled_from([-1, 0, 100, 2500]))
+    got, ref = T.summary(loads, tokens, counts, max_tokens), T.summary_ref(loads, tokens, counts, max_tokens)
+    assert got == ref
+    if max_tokens < 0:
+        assert got[4] == 0  # no cap, no violations
+
+
 def test_numba_code_lives_in_kernels_and_no_module_imports_private_names():
     # balancer's numba code is balancer/kernels/ alone; its modules share helpers through public names only
     root = Path(__file__).resolve().parents[2] / "balancer"
