@@ -57,7 +57,7 @@ from balancer.kernels.colfill import COLUMN_FILL_WORK, column_fill
 from balancer.kernels.runs import deficit_fill, spread_runs
 from balancer.lpt import flat_lpt_bins
 from balancer.polish import Candidate, lay_out, polish, positive_levels
-from balancer.registry import Honours, Problem, register
+from balancer.registry import Honours, Objective, Problem, register
 from balancer.zigzag import serpentine
 
 # Plans whose peaks differ by less than this fraction tie, and the lower lockstep bubble wins.
@@ -87,7 +87,7 @@ def column_levels(desc_costs: np.ndarray, ranks: int, microbatches: int) -> np.n
 
 # Ties in the choice go to the start listed first here (the order the starts ran in before the schedule
 # put the column fill first where a sample costs more than a mean bin).
-START_ORDER = ("fill", "lpt", "columns", "zigzag", "column_fill")
+START_ORDER = ("fill", "lpt", "columns", "zigzag", "column_fill", "stack", "restack")
 
 
 class _Starts:
@@ -99,9 +99,11 @@ class _Starts:
         total = float(problem.costs.sum())
         self.mean = total / problem.n_bins
         self.lower_bound = max(self.mean, self.costliest)  # no plan's peak is below it
-        self.lockstep_floor = max(total / problem.ranks, self.costliest)  # nor its lockstep time
+        # nor its lockstep time, nor its costliest rank total (a step with one collective)
+        self.time_floor = max(total / problem.ranks, self.costliest)
         self.ceiling = np.inf  # the lpt start's peak once it ran: the winner may not exceed it
         self.failure: ValueError | None = None  # why the lpt start found no plan, if it did not
+        self.best_peak = np.inf  # the lowest peak of the starts run so far
         self.flat_columns = np.zeros(problem.n_bins, dtype=np.int64)
         self.flat_level = np.array([self.lower_bound])
 
@@ -124,8 +126,11 @@ class _Starts:
         flat = (["fill"] if p.max_tokens is None and not p.equal_count and p.n < LPT_ONLY_SAMPLES else []) + ["lpt"]
         columned = ["columns", "zigzag"] + (["column_fill"] if p.n * p.n_bins <= COLUMN_FILL_WORK else [])
         if self.costliest > self.mean and columned[-1] == "column_fill":
-            # a sample above a mean bin: the column fill usually reaches both floors, so it runs first
-            yield from ["column_fill"] + flat + columned[:-1]
+            # a sample above a mean bin: the column fill usually reaches both floors, so it runs first, and the
+            # stacked fill next (where the column fill's slot levels cannot hold what the lighter slots must)
+            yield from ["column_fill", "stack"] + flat + columned[:-1]
+            if self.best_peak > self.lower_bound * (1.0 + CHOICE_TOLERANCE) and np.isfinite(self.best_peak):
+                yield "restack"  # no start reached the bound: stacked again, up to the lowest peak reached
             return
         yield from flat
         small = p.n < FILL_ONLY_PER_BIN * p.n_bins
@@ -136,7 +141,7 @@ class _Starts:
     def run(self, name: str) -> Candidate | None:
         """The named start, refined and laid out; None where it found no plan within the constraints."""
         p = self.problem
-        columns, levels = self.flat_columns, self.flat_level
+        columns, levels, exact = self.flat_columns, self.flat_level, self.costliest
         if name == "fill":
             placed = deficit_fill(p.runs, p.n_bins, self.mean)
             bins = spread_runs(p.lengths, p.runs, placed, p.seed)
@@ -153,25 +158,32 @@ class _Starts:
         elif name == "zigzag":
             columns, levels = self.columns, self.levels
             bins = _zigzag_start(p, self.order)
-        else:
+        elif name == "column_fill":
             bins, fill_levels = column_fill(self.order, p.costs, p.lengths, p.ranks, p.rules)
             columns, levels = self.columns, positive_levels(fill_levels)
+        else:  # the column fill stacked up to the lower bound, or to the lowest peak the other starts reached
+            peak = self.lower_bound if name == "stack" else self.best_peak
+            bins, fill_levels = column_fill(self.order, p.costs, p.lengths, p.ranks, p.rules, peak)
+            columns, levels = self.columns, _stacked_levels(p, bins, fill_levels, peak)
+            exact = peak
         if bins is None or np.any(bins < 0):
             return None
-        polish(p, bins, columns, levels, self.costliest)
+        polish(p, bins, columns, levels, exact)
         flat = levels is self.flat_level
         cand = Candidate(bins, flat, START_ORDER.index(name))
         lay_out(p, cand)
+        self.best_peak = min(self.best_peak, cand.peak)
         return cand
 
     def certified(self, cand: Candidate) -> bool:
         """No other start can do better than ``cand`` by more than CHOICE_TOLERANCE: its peak is at the
-        lower bound (and not above the lpt start's, or exactly at the bound before that start ran) and
-        its lockstep time at its floor ``max(total / R, costliest sample)``."""
+        lower bound (and not above the lpt start's, or exactly at the bound before that start ran) and the
+        time of the objective (lockstep time, or the costliest rank total) at its floor
+        ``max(total / R, costliest sample)``."""
         bound = self.lower_bound
         if np.isfinite(self.ceiling):
             bound = min(bound * (1.0 + CHOICE_TOLERANCE), self.ceiling)
-        return cand.peak <= bound and cand.lockstep <= self.lockstep_floor * (1.0 + CHOICE_TOLERANCE)
+        return cand.peak <= bound and _time(cand, self.problem.objective) <= self.time_floor * (1.0 + CHOICE_TOLERANCE)
 
 
 @register("balanced", honours=Honours(max_tokens=True, equal_count=True, locality=True))
@@ -189,7 +201,7 @@ def balanced(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
     if not candidates:
         failure = starts.failure
         raise failure if failure is not None else ValueError("no start found a plan within the constraints")
-    best = _choose(candidates, starts.ceiling)
+    best = _choose(candidates, starts.ceiling, problem.objective)
     return best.rank_of_bin[best.bins], best.slot_of_bin[best.bins]
 
 
@@ -206,12 +218,30 @@ def _zigzag_start(problem: Problem, order: np.ndarray) -> np.ndarray | None:
     return None
 
 
+def _stacked_levels(problem: Problem, bins: np.ndarray, fill_levels: np.ndarray, peak: float) -> np.ndarray:
+    """The stacked fill's levels for the local search, float64 (M,): the slots it filled to ``peak`` keep it;
+    each slot below keeps the costliest bin the fill left there, if above its level. Polished towards their
+    own levels, those slots' overshoot (a few parts in 1e4 of a rank's share) would be traded into the
+    top slots, above the peak that the flat starts reach exactly."""
+    if np.any(bins < 0):
+        return positive_levels(fill_levels)
+    loads = np.bincount(bins, weights=problem.costs, minlength=problem.n_bins).reshape(problem.ranks, -1)
+    return positive_levels(np.where(fill_levels >= peak, fill_levels, np.maximum(fill_levels, loads.max(axis=0))))
+
+
 def _peak(problem: Problem, bins: np.ndarray) -> float:
     return float(np.bincount(bins, weights=problem.costs, minlength=problem.n_bins).max())
 
 
-def _choose(candidates: list[Candidate], ceiling: float) -> Candidate:
-    """Lowest peak; peaks within CHOICE_TOLERANCE (and not above ``ceiling``) tie, lower bubble wins."""
+def _time(cand: Candidate, objective: Objective) -> float:
+    """What a step of ``cand`` waits for: its lockstep time, or its costliest rank total."""
+    return cand.lockstep if objective is Objective.LOCKSTEP else cand.rank_max
+
+
+def _choose(candidates: list[Candidate], ceiling: float, objective: Objective) -> Candidate:
+    """Lowest peak; peaks within CHOICE_TOLERANCE (and not above ``ceiling``) tie, and the least time of the
+    ``objective`` wins among them (then the lower lockstep bubble, the lower peak, the earlier start)."""
     best_peak = min(c.peak for c in candidates)
     bar = min(best_peak * (1.0 + CHOICE_TOLERANCE), max(ceiling, best_peak))
-    return min((c for c in candidates if c.peak <= bar), key=lambda c: (c.bubble, c.peak, c.index))
+    return min((c for c in candidates if c.peak <= bar),
+               key=lambda c: (_time(c, objective), c.bubble, c.peak, c.index))

@@ -198,7 +198,7 @@ def _per_node_plan(problem: Problem, layout: Layout, node: np.ndarray, plain: Pl
         if rules.quotas and not ranks_of_k.size * rules.lo <= mine.size <= ranks_of_k.size * (rules.lo + 1):
             return None  # the node's ranks could not keep every rank at lo or lo + 1 samples
         sub = Problem(problem.lengths[mine], problem.costs[mine], int(ranks_of_k.size), problem.microbatches,
-                      problem.max_tokens, problem.equal_count, problem.seed, problem.cost_model)
+                      problem.max_tokens, problem.equal_count, problem.seed, problem.cost_model, problem.objective)
         try:
             sub_rank, sub_slot = plain(sub)
         except ValueError:  # this node's samples do not pack under the cap: the non-local plan may

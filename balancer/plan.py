@@ -15,7 +15,7 @@ from balancer.cost import DEFAULT_COST_MODEL, CostModel
 from balancer.kernels.totals import bin_totals
 from balancer.locality import crossing, plan_local, validate_layout
 from balancer.metrics import balance_metrics
-from balancer.registry import Problem, Registered, get_planner
+from balancer.registry import Objective, Problem, Registered, get_planner
 
 
 @dataclass
@@ -68,12 +68,18 @@ def plan(
     seed: int = 0,
     home=None,
     rank_node=None,
+    objective: Objective | str = Objective.LOCKSTEP,
 ) -> Plan:
     """Split one global batch of sequence ``lengths`` into ``ranks`` x ``microbatches`` bins.
 
     ``method``: ``balanced`` (ours) or a reference planner ``naive``, ``zigzag``, ``kk``, ``lpt``.
     ``max_tokens`` caps the summed length of every microbatch; ``equal_count`` gives every rank
     the same number of samples (+-1). Same inputs, same plan. See ``docs/planner.md``.
+
+    ``objective`` (``"lockstep"``, the default, or ``"step"``; ``balancer.Objective``): what the trainer
+    waits for besides the costliest microbatch, which ``balanced`` keeps at its lowest first: a collective
+    after every microbatch (``sum_j max_r C[r, j]``) or once per step (``max_r sum_j C[r, j]``); among plans
+    of its lowest peak, ``balanced`` takes the one of least such time.
 
     ``home`` int (N,), the node that read each sample, and ``rank_node`` int (R,), the node each rank
     runs on (both or neither; nodes ``0 .. max(rank_node)``): ``balanced`` then keeps samples on their
@@ -97,8 +103,10 @@ def plan(
     if not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
     layout = validate_layout(home, rank_node, lengths.size, ranks)
+    objective = _objective(objective)
     costs = cost_model.cost(lengths)
-    problem = Problem(lengths, costs, ranks, microbatches, max_tokens, bool(equal_count), int(seed), cost_model)
+    problem = Problem(lengths, costs, ranks, microbatches, max_tokens, bool(equal_count), int(seed), cost_model,
+                      objective)
 
     start = time.perf_counter()
     kept = True
@@ -133,6 +141,14 @@ def validate_lengths(lengths) -> np.ndarray:
             "drop empty histories before planning"
         )
     return arr.astype(np.int64, copy=False)
+
+
+def _objective(value) -> Objective:
+    try:
+        return Objective(value)
+    except ValueError:
+        raise ValueError(f"objective must be one of {', '.join(repr(o.value) for o in Objective)} (balancer.Objective), "
+                         f"got {value!r}") from None
 
 
 def _positive_int(name: str, value) -> int:

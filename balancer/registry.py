@@ -11,6 +11,7 @@ violations are counted, not prevented.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from functools import cached_property
 from typing import Callable
 
@@ -20,6 +21,17 @@ from balancer.cost import DEFAULT_COST_MODEL, CostModel
 from balancer.kernels.common import Rules
 from balancer.kernels.order import order_by_length_desc
 from balancer.kernels.runs import Runs, length_runs
+
+
+class Objective(str, Enum):
+    """What a step waits for, besides its costliest microbatch (which every plan keeps at its lowest first).
+
+    ``LOCKSTEP``: a collective after every microbatch (the embedding all-to-all): the step lasts
+    ``sum_j max_r C[r, j]``. ``STEP``: one collective per step (gradients only): it lasts ``max_r sum_j C[r, j]``.
+    """
+
+    LOCKSTEP = "lockstep"
+    STEP = "step"
 
 
 @dataclass(frozen=True)
@@ -34,6 +46,7 @@ class Problem:
     equal_count: bool
     seed: int
     cost_model: CostModel = DEFAULT_COST_MODEL  # gave ``costs``; prices a length without a sample
+    objective: Objective = Objective.LOCKSTEP  # what the planner minimises among plans of its lowest peak
 
     @property
     def n(self) -> int:
