@@ -62,6 +62,9 @@ from balancer.zigzag import serpentine
 
 # Plans whose peaks differ by less than this fraction tie, and the lower lockstep bubble wins.
 CHOICE_TOLERANCE = 1e-5
+# The early exit takes a start whose peak is at the lower bound and whose time of the objective is within
+# this fraction of its floor: a later start could gain at most that (a lockstep bubble of 1e-4).
+CERTIFY_TOLERANCE = 1e-4
 # Spare capacity of the columns below the top level: discrete samples cannot fill every bin exactly,
 # and the overshoot belongs in the lighter columns, never above the costliest sample.
 LEVEL_SLACK = 2e-4
@@ -126,9 +129,11 @@ class _Starts:
         flat = (["fill"] if p.max_tokens is None and not p.equal_count and p.n < LPT_ONLY_SAMPLES else []) + ["lpt"]
         columned = ["columns", "zigzag"] + (["column_fill"] if p.n * p.n_bins <= COLUMN_FILL_WORK else [])
         if self.costliest > self.mean and columned[-1] == "column_fill":
-            # a sample above a mean bin: the column fill usually reaches both floors, so it runs first, and the
-            # stacked fill next (where the column fill's slot levels cannot hold what the lighter slots must)
-            yield from ["column_fill", "stack"] + flat + columned[:-1]
+            # a sample above a mean bin: the stacked fill usually reaches both floors, so it runs first, then the
+            # column fill; where a rank's share fits below the costliest sample, the stacked fill is one slow LPT
+            # over ranks and the column fill (which then reaches both floors) runs first
+            first = ["column_fill", "stack"] if self.time_floor <= self.costliest else ["stack", "column_fill"]
+            yield from first + flat + columned[:-1]
             if self.best_peak > self.lower_bound * (1.0 + CHOICE_TOLERANCE) and np.isfinite(self.best_peak):
                 yield "restack"  # no start reached the bound: stacked again, up to the lowest peak reached
             return
@@ -178,12 +183,12 @@ class _Starts:
     def certified(self, cand: Candidate) -> bool:
         """No other start can do better than ``cand`` by more than CHOICE_TOLERANCE: its peak is at the
         lower bound (and not above the lpt start's, or exactly at the bound before that start ran) and the
-        time of the objective (lockstep time, or the costliest rank total) at its floor
-        ``max(total / R, costliest sample)``."""
+        time of the objective (lockstep time, or the costliest rank total) within CERTIFY_TOLERANCE of its
+        floor ``max(total / R, costliest sample)``."""
         bound = self.lower_bound
         if np.isfinite(self.ceiling):
             bound = min(bound * (1.0 + CHOICE_TOLERANCE), self.ceiling)
-        return cand.peak <= bound and _time(cand, self.problem.objective) <= self.time_floor * (1.0 + CHOICE_TOLERANCE)
+        return cand.peak <= bound and _time(cand, self.problem.objective) <= self.time_floor * (1.0 + CERTIFY_TOLERANCE)
 
 
 @register("balanced", honours=Honours(max_tokens=True, equal_count=True, locality=True))
