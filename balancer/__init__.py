@@ -9,11 +9,12 @@ from balancer import balanced, kk, lpt, naive, zigzag  # noqa: F401  (register t
 from balancer.cost import DEFAULT_COST_MODEL, CostModel
 from balancer.metrics import balance_metrics
 from balancer.plan import Plan, plan, validate_lengths
-from balancer.registry import available_methods
+from balancer.registry import Objective, available_methods
 
 __all__ = [
     "CostModel",
     "DEFAULT_COST_MODEL",
+    "Objective",
     "Plan",
     "available_methods",
     "balance_metrics",

@@ -53,36 +53,23 @@ from functools import cached_property
 import numpy as np
 
 from balancer.kernels.assign import lpt_assign, pack_within_ranks
-from balancer.kernels.colfill import column_fill
-from balancer.kernels.common import Rules
-from balancer.kernels.exchange import exchange
-from balancer.kernels.refine import bin_thresholds, refine
+from balancer.kernels.colfill import COLUMN_FILL_WORK, column_fill
 from balancer.kernels.runs import deficit_fill, spread_runs
-from balancer.kernels.tighten import tighten
 from balancer.lpt import flat_lpt_bins
-from balancer.metrics import lockstep_bubble
-from balancer.registry import Problem, register
+from balancer.polish import Candidate, lay_out, polish, positive_levels
+from balancer.registry import Honours, Objective, Problem, register
 from balancer.zigzag import serpentine
 
-# Accepted refinement steps per bin before giving up on the last tiny gains.
-REFINE_STEPS_PER_BIN = 64
-# Work budget of one refinement per sample (a unit: one bin or one sample examined; ~1-2 ns): keeps the
-# search O(N) where most bins cannot be improved (few samples per bin, tight constraints).
-REFINE_WORK_PER_SAMPLE = 256
-# Refinement stops when every bin is within this fraction of its level (exactly at it where the
-# level is the costliest sample's cost: that bound is always reachable and is the plan's peak).
-REFINE_TOLERANCE = 1e-4
-# Small-sample swaps per bin that may lower a flat plan's peak after the local search.
-TIGHTEN_STEPS_PER_BIN = 2
 # Plans whose peaks differ by less than this fraction tie, and the lower lockstep bubble wins.
 CHOICE_TOLERANCE = 1e-5
+# The early exit takes a start whose peak is at the lower bound and whose time of the objective is within
+# this fraction of its floor: a later start could gain at most that (a lockstep bubble of 1e-4).
+CERTIFY_TOLERANCE = 1e-4
 # Spare capacity of the columns below the top level: discrete samples cannot fill every bin exactly,
 # and the overshoot belongs in the lighter columns, never above the costliest sample.
 LEVEL_SLACK = 2e-4
 # Below this many samples per bin, the column and zigzag starts also run on unconstrained batches.
 FILL_ONLY_PER_BIN = 64
-# The column-fill start (first fit, O(N * R * M)) runs while N * R * M stays below this.
-COLUMN_FILL_WORK = 1 << 27
 # From this many samples on, the lpt start runs alone (O(N) over runs of equal length; tightened, its
 # flat plan ends within a cost unit of the mean at 1M samples, where the other starts only cost time).
 LPT_ONLY_SAMPLES = 1 << 18
@@ -101,27 +88,9 @@ def column_levels(desc_costs: np.ndarray, ranks: int, microbatches: int) -> np.n
     return positive_levels(levels)
 
 
-def positive_levels(levels: np.ndarray) -> np.ndarray:
-    """Levels with empty slots raised to a tiny positive level (refine divides nothing by them, but a
-    zero threshold would count any sample there as excess)."""
-    return np.maximum(levels, levels[0] * 1e-9 if levels[0] > 0 else 1.0)
-
-
-@dataclass
-class Candidate:
-    bins: np.ndarray  # int64 (N,): bin of each sample, b = rank * M + slot before the layout
-    flat: bool  # one level: bins carry no rank structure yet
-    index: int  # the start's place in START_ORDER: ties in the choice go to the earlier start
-    rank_of_bin: np.ndarray | None = None  # int64 (R*M,), after the layout
-    slot_of_bin: np.ndarray | None = None
-    peak: float = 0.0
-    bubble: float = 0.0
-    lockstep: float = 0.0  # sum over slots of the costliest bin in the slot
-
-
 # Ties in the choice go to the start listed first here (the order the starts ran in before the schedule
 # put the column fill first where a sample costs more than a mean bin).
-START_ORDER = ("fill", "lpt", "columns", "zigzag", "column_fill")
+START_ORDER = ("fill", "lpt", "columns", "zigzag", "column_fill", "stack", "restack")
 
 
 class _Starts:
@@ -133,9 +102,11 @@ class _Starts:
         total = float(problem.costs.sum())
         self.mean = total / problem.n_bins
         self.lower_bound = max(self.mean, self.costliest)  # no plan's peak is below it
-        self.lockstep_floor = max(total / problem.ranks, self.costliest)  # nor its lockstep time
+        # nor its lockstep time, nor its costliest rank total (a step with one collective)
+        self.time_floor = max(total / problem.ranks, self.costliest)
         self.ceiling = np.inf  # the lpt start's peak once it ran: the winner may not exceed it
         self.failure: ValueError | None = None  # why the lpt start found no plan, if it did not
+        self.best_peak = np.inf  # the lowest peak of the starts run so far
         self.flat_columns = np.zeros(problem.n_bins, dtype=np.int64)
         self.flat_level = np.array([self.lower_bound])
 
@@ -158,8 +129,13 @@ class _Starts:
         flat = (["fill"] if p.max_tokens is None and not p.equal_count and p.n < LPT_ONLY_SAMPLES else []) + ["lpt"]
         columned = ["columns", "zigzag"] + (["column_fill"] if p.n * p.n_bins <= COLUMN_FILL_WORK else [])
         if self.costliest > self.mean and columned[-1] == "column_fill":
-            # a sample above a mean bin: the column fill usually reaches both floors, so it runs first
-            yield from ["column_fill"] + flat + columned[:-1]
+            # a sample above a mean bin: the stacked fill usually reaches both floors, so it runs first, then the
+            # column fill; where a rank's share fits below the costliest sample, the stacked fill is one slow LPT
+            # over ranks and the column fill (which then reaches both floors) runs first
+            first = ["column_fill", "stack"] if self.time_floor <= self.costliest else ["stack", "column_fill"]
+            yield from first + flat + columned[:-1]
+            if self.best_peak > self.lower_bound * (1.0 + CHOICE_TOLERANCE) and np.isfinite(self.best_peak):
+                yield "restack"  # no start reached the bound: stacked again, up to the lowest peak reached
             return
         yield from flat
         small = p.n < FILL_ONLY_PER_BIN * p.n_bins
@@ -170,7 +146,7 @@ class _Starts:
     def run(self, name: str) -> Candidate | None:
         """The named start, refined and laid out; None where it found no plan within the constraints."""
         p = self.problem
-        columns, levels = self.flat_columns, self.flat_level
+        columns, levels, exact = self.flat_columns, self.flat_level, self.costliest
         if name == "fill":
             placed = deficit_fill(p.runs, p.n_bins, self.mean)
             bins = spread_runs(p.lengths, p.runs, placed, p.seed)
@@ -187,28 +163,35 @@ class _Starts:
         elif name == "zigzag":
             columns, levels = self.columns, self.levels
             bins = _zigzag_start(p, self.order)
-        else:
+        elif name == "column_fill":
             bins, fill_levels = column_fill(self.order, p.costs, p.lengths, p.ranks, p.rules)
             columns, levels = self.columns, positive_levels(fill_levels)
+        else:  # the column fill stacked up to the lower bound, or to the lowest peak the other starts reached
+            peak = self.lower_bound if name == "stack" else self.best_peak
+            bins, fill_levels = column_fill(self.order, p.costs, p.lengths, p.ranks, p.rules, peak)
+            columns, levels = self.columns, _stacked_levels(p, bins, fill_levels, peak)
+            exact = peak
         if bins is None or np.any(bins < 0):
             return None
-        refined(p, bins, columns, levels, self.costliest)
+        polish(p, bins, columns, levels, exact)
         flat = levels is self.flat_level
         cand = Candidate(bins, flat, START_ORDER.index(name))
         lay_out(p, cand)
+        self.best_peak = min(self.best_peak, cand.peak)
         return cand
 
     def certified(self, cand: Candidate) -> bool:
         """No other start can do better than ``cand`` by more than CHOICE_TOLERANCE: its peak is at the
-        lower bound (and not above the lpt start's, or exactly at the bound before that start ran) and
-        its lockstep time at its floor ``max(total / R, costliest sample)``."""
+        lower bound (and not above the lpt start's, or exactly at the bound before that start ran) and the
+        time of the objective (lockstep time, or the costliest rank total) within CERTIFY_TOLERANCE of its
+        floor ``max(total / R, costliest sample)``."""
         bound = self.lower_bound
         if np.isfinite(self.ceiling):
             bound = min(bound * (1.0 + CHOICE_TOLERANCE), self.ceiling)
-        return cand.peak <= bound and cand.lockstep <= self.lockstep_floor * (1.0 + CHOICE_TOLERANCE)
+        return cand.peak <= bound and _time(cand, self.problem.objective) <= self.time_floor * (1.0 + CERTIFY_TOLERANCE)
 
 
-@register("balanced")
+@register("balanced", honours=Honours(max_tokens=True, equal_count=True, locality=True))
 def balanced(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
     if not problem.n:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
@@ -223,7 +206,7 @@ def balanced(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
     if not candidates:
         failure = starts.failure
         raise failure if failure is not None else ValueError("no start found a plan within the constraints")
-    best = _choose(candidates, starts.ceiling)
+    best = _choose(candidates, starts.ceiling, problem.objective)
     return best.rank_of_bin[best.bins], best.slot_of_bin[best.bins]
 
 
@@ -240,54 +223,30 @@ def _zigzag_start(problem: Problem, order: np.ndarray) -> np.ndarray | None:
     return None
 
 
-def refined(problem: Problem, bins: np.ndarray, columns: np.ndarray, levels: np.ndarray,
-             costliest: float) -> np.ndarray:
-    rules = problem.rules
-    threshold = bin_thresholds(levels[columns], REFINE_TOLERANCE, costliest)
-    work = REFINE_WORK_PER_SAMPLE * max(problem.n, problem.n_bins)
-    refine(bins, problem.costs, problem.lengths, threshold, rules, REFINE_STEPS_PER_BIN * problem.n_bins, work)
-    exchange(bins, problem.costs, problem.lengths, threshold, rules, work)
-    if levels.shape[0] == 1:
-        tighten(bins, problem.costs, problem.lengths, problem.n_bins, rules, float(levels[0]),
-                TIGHTEN_STEPS_PER_BIN * problem.n_bins)
-    return bins
+def _stacked_levels(problem: Problem, bins: np.ndarray, fill_levels: np.ndarray, peak: float) -> np.ndarray:
+    """The stacked fill's levels for the local search, float64 (M,): the slots it filled to ``peak`` keep it;
+    each slot below keeps the costliest bin the fill left there, if above its level. Polished towards their
+    own levels, those slots' overshoot (a few parts in 1e4 of a rank's share) would be traded into the
+    top slots, above the peak that the flat starts reach exactly."""
+    if np.any(bins < 0):
+        return positive_levels(fill_levels)
+    loads = np.bincount(bins, weights=problem.costs, minlength=problem.n_bins).reshape(problem.ranks, -1)
+    return positive_levels(np.where(fill_levels >= peak, fill_levels, np.maximum(fill_levels, loads.max(axis=0))))
 
 
 def _peak(problem: Problem, bins: np.ndarray) -> float:
     return float(np.bincount(bins, weights=problem.costs, minlength=problem.n_bins).max())
 
 
-def lay_out(problem: Problem, cand: Candidate) -> None:
-    """Ranks and slots of ``cand``'s bins (flat plans regrouped onto ranks without ``equal_count``; each
-    rank's microbatches heaviest first), its peak, lockstep bubble and lockstep time."""
-    R, M, n_bins = problem.ranks, problem.microbatches, problem.n_bins
-    loads = np.bincount(cand.bins, weights=problem.costs, minlength=n_bins)  # (R*M,)
-    rank_of_bin = np.arange(n_bins) // M
-    if cand.flat and not problem.equal_count:
-        rank_of_bin = _group_bins_into_ranks(loads, R, M)
-    # slot of each bin inside its rank: heaviest first (stable by bin id)
-    by_rank_then_load = np.lexsort((np.arange(n_bins), -loads, rank_of_bin))
-    slot_of_bin = np.empty(n_bins, dtype=np.int64)
-    slot_of_bin[by_rank_then_load] = np.arange(n_bins) % M
-    grid = np.zeros((R, M))
-    grid[rank_of_bin, slot_of_bin] = loads
-    cand.rank_of_bin, cand.slot_of_bin = rank_of_bin, slot_of_bin
-    cand.peak = float(loads.max())
-    cand.bubble = lockstep_bubble(grid)
-    cand.lockstep = float(grid.max(axis=0).sum())
+def _time(cand: Candidate, objective: Objective) -> float:
+    """What a step of ``cand`` waits for: its lockstep time, or its costliest rank total."""
+    return cand.lockstep if objective is Objective.LOCKSTEP else cand.rank_max
 
 
-def _choose(candidates: list[Candidate], ceiling: float) -> Candidate:
-    """Lowest peak; peaks within CHOICE_TOLERANCE (and not above ``ceiling``) tie, lower bubble wins."""
+def _choose(candidates: list[Candidate], ceiling: float, objective: Objective) -> Candidate:
+    """Lowest peak; peaks within CHOICE_TOLERANCE (and not above ``ceiling``) tie, and the least time of the
+    ``objective`` wins among them (then the lower lockstep bubble, the lower peak, the earlier start)."""
     best_peak = min(c.peak for c in candidates)
     bar = min(best_peak * (1.0 + CHOICE_TOLERANCE), max(ceiling, best_peak))
-    return min((c for c in candidates if c.peak <= bar), key=lambda c: (c.bubble, c.peak, c.index))
-
-
-def _group_bins_into_ranks(loads: np.ndarray, ranks: int, microbatches: int) -> np.ndarray:
-    """Rank of each bin, int64 (R*M,): heaviest bins first onto the lightest rank with < M bins."""
-    order = np.lexsort((np.arange(loads.shape[0]), -loads))
-    ones = np.ones(loads.shape[0], dtype=np.int64)
-    # LPT with ranks as the bins (one column, level 1) and a quota of exactly M bins per rank
-    rules = Rules(1, 0, True, microbatches, 0)
-    return lpt_assign(order, loads, ones, np.zeros(ranks, dtype=np.int64), np.ones(1), rules)
+    return min((c for c in candidates if c.peak <= bar),
+               key=lambda c: (_time(c, objective), c.bubble, c.peak, c.index))

@@ -21,7 +21,7 @@ import itertools
 
 import numpy as np
 
-from balancer.registry import Problem, register
+from balancer.registry import Honours, Problem, register
 
 
 def _partition(costs: list[float], items: list[int], k: int, equal_size: bool) -> list[list[int]]:
@@ -51,7 +51,7 @@ def _partition(costs: list[float], items: list[int], k: int, equal_size: bool) -
     return [members for _, members in heap[0][2]]
 
 
-@register("kk")
+@register("kk", honours=Honours(equal_count=True))  # equal-size groups over ranks
 def kk(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
     R, M, n = problem.ranks, problem.microbatches, problem.n
     rank = np.empty(n, dtype=np.int64)

@@ -47,9 +47,9 @@ from functools import cached_property
 
 import numpy as np
 
-from balancer.balanced import COLUMN_FILL_WORK, Candidate, lay_out, positive_levels, refined
-from balancer.kernels.colfill import column_fill_grouped
+from balancer.kernels.colfill import COLUMN_FILL_WORK, column_fill_grouped
 from balancer.kernels.locality import away, settle, split_nodes, swap_home
+from balancer.polish import Candidate, lay_out, polish, positive_levels
 from balancer.registry import Planner, Problem
 
 # The local plan is kept while its peak and lockstep time stay within this fraction of the non-local plan's.
@@ -179,7 +179,7 @@ def _grouped_plan(problem: Problem, layout: Layout, order: np.ndarray, node: np.
     if np.any(bins < 0):
         return None
     columns = np.arange(problem.n_bins, dtype=np.int64) % problem.microbatches
-    refined(problem, bins, columns, positive_levels(levels), float(problem.costs.max()))
+    polish(problem, bins, columns, positive_levels(levels), float(problem.costs.max()))
     cand = Candidate(bins, flat=False, index=0)
     lay_out(problem, cand)
     return _Local(layout.by_node[cand.rank_of_bin[bins]], cand.slot_of_bin[bins], cand.peak, cand.lockstep)
@@ -198,7 +198,7 @@ def _per_node_plan(problem: Problem, layout: Layout, node: np.ndarray, plain: Pl
         if rules.quotas and not ranks_of_k.size * rules.lo <= mine.size <= ranks_of_k.size * (rules.lo + 1):
             return None  # the node's ranks could not keep every rank at lo or lo + 1 samples
         sub = Problem(problem.lengths[mine], problem.costs[mine], int(ranks_of_k.size), problem.microbatches,
-                      problem.max_tokens, problem.equal_count, problem.seed, problem.cost_model)
+                      problem.max_tokens, problem.equal_count, problem.seed, problem.cost_model, problem.objective)
         try:
             sub_rank, sub_slot = plain(sub)
         except ValueError:  # this node's samples do not pack under the cap: the non-local plan may

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from balancer.kernels.runs import ring_lpt, spread_runs
-from balancer.registry import Problem, register
+from balancer.registry import Honours, Problem, register
 
 
 def flat_lpt_bins(problem: Problem) -> np.ndarray:
@@ -33,7 +33,7 @@ def _raise_unplaced(problem: Problem, i: int) -> None:
     )
 
 
-@register("lpt")
+@register("lpt", honours=Honours(max_tokens=True, equal_count=True))
 def lpt(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
     bins = flat_lpt_bins(problem)
     return bins // problem.microbatches, bins % problem.microbatches

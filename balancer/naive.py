@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from balancer.registry import Problem, register
+from balancer.registry import Honours, Problem, register
 
 
 def _split_sizes(n: int, parts: int) -> np.ndarray:
@@ -16,7 +16,7 @@ def _split_sizes(n: int, parts: int) -> np.ndarray:
     return n // parts + (np.arange(parts) < n % parts)
 
 
-@register("naive")
+@register("naive", honours=Honours(equal_count=True))  # equal counts by construction
 def naive(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
     R, M = problem.ranks, problem.microbatches
     rank_sizes = _split_sizes(problem.n, R)  # (R,)

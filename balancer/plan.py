@@ -15,13 +15,7 @@ from balancer.cost import DEFAULT_COST_MODEL, CostModel
 from balancer.kernels.totals import bin_totals
 from balancer.locality import crossing, plan_local, validate_layout
 from balancer.metrics import balance_metrics
-from balancer.registry import Problem, get_planner
-
-# Planners that honour ``max_tokens`` and ``equal_count``; the others are reference baselines that
-# are equal-count by construction and do not know about token caps (their violations are counted).
-CONSTRAINT_AWARE = frozenset({"balanced", "lpt"})
-# Planners that keep samples on their home node (``home``/``rank_node``); the others only report crossing.
-LOCALITY_AWARE = frozenset({"balanced"})
+from balancer.registry import Objective, Problem, Registered, get_planner
 
 
 @dataclass
@@ -74,12 +68,18 @@ def plan(
     seed: int = 0,
     home=None,
     rank_node=None,
+    objective: Objective | str = Objective.LOCKSTEP,
 ) -> Plan:
     """Split one global batch of sequence ``lengths`` into ``ranks`` x ``microbatches`` bins.
 
     ``method``: ``balanced`` (ours) or a reference planner ``naive``, ``zigzag``, ``kk``, ``lpt``.
     ``max_tokens`` caps the summed length of every microbatch; ``equal_count`` gives every rank
     the same number of samples (+-1). Same inputs, same plan. See ``docs/planner.md``.
+
+    ``objective`` (``"lockstep"``, the default, or ``"step"``; ``balancer.Objective``): what the trainer
+    waits for besides the costliest microbatch, which ``balanced`` keeps at its lowest first: a collective
+    after every microbatch (``sum_j max_r C[r, j]``) or once per step (``max_r sum_j C[r, j]``); among plans
+    of its lowest peak, ``balanced`` takes the one of least such time.
 
     ``home`` int (N,), the node that read each sample, and ``rank_node`` int (R,), the node each rank
     runs on (both or neither; nodes ``0 .. max(rank_node)``): ``balanced`` then keeps samples on their
@@ -90,7 +90,7 @@ def plan(
     of another node than their home; 0.0 without ``home``) for every method, and ``locality_fallback``
     (1 where the plan is the non-local one: the local plan lost the rule, or there was none).
     """
-    planner = get_planner(method)
+    entry = get_planner(method)
     ranks = _positive_int("ranks", ranks)
     microbatches = _positive_int("microbatches", microbatches)
     lengths = validate_lengths(lengths)
@@ -103,17 +103,19 @@ def plan(
     if not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
     layout = validate_layout(home, rank_node, lengths.size, ranks)
+    objective = _objective(objective)
     costs = cost_model.cost(lengths)
-    problem = Problem(lengths, costs, ranks, microbatches, max_tokens, bool(equal_count), int(seed), cost_model)
+    problem = Problem(lengths, costs, ranks, microbatches, max_tokens, bool(equal_count), int(seed), cost_model,
+                      objective)
 
     start = time.perf_counter()
     kept = True
-    if layout is not None and method in LOCALITY_AWARE and layout.spans_nodes:
-        rank, microbatch, kept = plan_local(problem, layout, planner)
+    if layout is not None and entry.honours.locality and layout.spans_nodes:
+        rank, microbatch, kept = plan_local(problem, layout, entry.planner)
     else:
-        rank, microbatch = planner(problem)
+        rank, microbatch = entry.planner(problem)
     seconds = time.perf_counter() - start
-    result = _assemble(problem, method, rank, microbatch, seconds)
+    result = _assemble(problem, entry, rank, microbatch, seconds)
     away = (0.0, 0.0) if layout is None else crossing(layout, problem.lengths, result.rank)
     result.metrics.update(crossing_samples=away[0], crossing_tokens=away[1], locality_fallback=int(not kept))
     return result
@@ -141,6 +143,14 @@ def validate_lengths(lengths) -> np.ndarray:
     return arr.astype(np.int64, copy=False)
 
 
+def _objective(value) -> Objective:
+    try:
+        return Objective(value)
+    except ValueError:
+        raise ValueError(f"objective must be one of {', '.join(repr(o.value) for o in Objective)} (balancer.Objective), "
+                         f"got {value!r}") from None
+
+
 def _positive_int(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -163,8 +173,8 @@ def _check_token_cap(lengths: np.ndarray, max_tokens: int, n_bins: int) -> None:
         )
 
 
-def _assemble(problem: Problem, method: str, rank: np.ndarray, microbatch: np.ndarray, seconds: float) -> Plan:
-    R, M = problem.ranks, problem.microbatches
+def _assemble(problem: Problem, entry: Registered, rank: np.ndarray, microbatch: np.ndarray, seconds: float) -> Plan:
+    R, M, method = problem.ranks, problem.microbatches, entry.name
     rank = np.asarray(rank).astype(np.int32, copy=False)
     microbatch = np.asarray(microbatch).astype(np.int32, copy=False)
     if rank.shape != (problem.n,) or microbatch.shape != (problem.n,):
@@ -179,15 +189,16 @@ def _assemble(problem: Problem, method: str, rank: np.ndarray, microbatch: np.nd
         max_single_cost=float(problem.costs.max()) if problem.n else 0.0,
         max_tokens=problem.max_tokens,
     )
-    if method in CONSTRAINT_AWARE:
-        _check_constraints(problem, method, tokens, counts, metrics)
+    _check_promises(problem, entry, counts, metrics)
     return Plan(rank, microbatch, loads, tokens, counts, metrics, method, seconds)
 
 
-def _check_constraints(problem: Problem, method: str, tokens, counts, metrics) -> None:
-    if metrics["token_cap_violations"]:
+def _check_promises(problem: Problem, entry: Registered, counts, metrics) -> None:
+    """The constraints ``entry`` honours hold on its plan (a RuntimeError otherwise: a planner bug)."""
+    method = entry.name
+    if entry.honours.max_tokens and metrics["token_cap_violations"]:
         raise RuntimeError(f"planner {method!r} broke max_tokens={problem.max_tokens}; please report this bug")
-    if problem.equal_count:
+    if entry.honours.equal_count and problem.equal_count:
         per_rank = counts.sum(axis=1)
         if per_rank.max() - per_rank.min() > 1:
             raise RuntimeError(f"planner {method!r} broke equal_count ({per_rank.min()}..{per_rank.max()})")

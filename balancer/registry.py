@@ -1,13 +1,17 @@
-"""Planner registry: every method of ``balancer.plan`` is a function registered here by name.
+"""Planner registry: every method of ``balancer.plan`` is a function registered here by name, with what it honours.
 
 A planner takes a validated ``Problem`` and returns ``(rank, microbatch)``, both int64 (N,).
 The dispatcher (``balancer.plan``) validates inputs, calls it, checks the result and computes metrics,
-so a planner holds only its algorithm.
+so a planner holds only its algorithm. Each planner declares, where it registers, which of ``plan``'s
+requests it honours (``Honours``): the dispatcher checks the promised constraints on every plan and hands
+``home``/``rank_node`` to the locality-aware ones only; the others are reference baselines whose
+violations are counted, not prevented.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from functools import cached_property
 from typing import Callable
 
@@ -17,6 +21,17 @@ from balancer.cost import DEFAULT_COST_MODEL, CostModel
 from balancer.kernels.common import Rules
 from balancer.kernels.order import order_by_length_desc
 from balancer.kernels.runs import Runs, length_runs
+
+
+class Objective(str, Enum):
+    """What a step waits for, besides its costliest microbatch (which every plan keeps at its lowest first).
+
+    ``LOCKSTEP``: a collective after every microbatch (the embedding all-to-all): the step lasts
+    ``sum_j max_r C[r, j]``. ``STEP``: one collective per step (gradients only): it lasts ``max_r sum_j C[r, j]``.
+    """
+
+    LOCKSTEP = "lockstep"
+    STEP = "step"
 
 
 @dataclass(frozen=True)
@@ -31,6 +46,7 @@ class Problem:
     equal_count: bool
     seed: int
     cost_model: CostModel = DEFAULT_COST_MODEL  # gave ``costs``; prices a length without a sample
+    objective: Objective = Objective.LOCKSTEP  # what the planner minimises among plans of its lowest peak
 
     @property
     def n(self) -> int:
@@ -60,20 +76,43 @@ class Problem:
 
 
 Planner = Callable[[Problem], "tuple[np.ndarray, np.ndarray]"]
-_PLANNERS: dict[str, Planner] = {}
 
 
-def register(name: str) -> Callable[[Planner], Planner]:
+@dataclass(frozen=True)
+class Honours:
+    """What a planner promises about its plans (the dispatcher checks the first two on every plan).
+
+    ``max_tokens``: no microbatch over the token cap; ``equal_count``: rank sample counts within one of each
+    other when asked; ``locality``: it plans with ``home``/``rank_node`` (samples kept on their home node)."""
+
+    max_tokens: bool = False
+    equal_count: bool = False
+    locality: bool = False
+
+
+@dataclass(frozen=True)
+class Registered:
+    """A registered planner: its name, its function and what it honours."""
+
+    name: str
+    planner: Planner
+    honours: Honours
+
+
+_PLANNERS: dict[str, Registered] = {}
+
+
+def register(name: str, *, honours: Honours = Honours()) -> Callable[[Planner], Planner]:
     def decorate(fn: Planner) -> Planner:
         if name in _PLANNERS:
             raise ValueError(f"planner {name!r} is already registered")
-        _PLANNERS[name] = fn
+        _PLANNERS[name] = Registered(name, fn, honours)
         return fn
 
     return decorate
 
 
-def get_planner(name: str) -> Planner:
+def get_planner(name: str) -> Registered:
     try:
         return _PLANNERS[name]
     except KeyError:

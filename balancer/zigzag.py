@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from balancer.registry import Problem, register
+from balancer.registry import Honours, Problem, register
 
 
 def serpentine(position: np.ndarray, parts: int) -> np.ndarray:
@@ -18,7 +18,7 @@ def serpentine(position: np.ndarray, parts: int) -> np.ndarray:
     return np.where(round_ % 2 == 0, within, parts - 1 - within)
 
 
-@register("zigzag")
+@register("zigzag", honours=Honours(equal_count=True))  # equal counts by construction
 def zigzag(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
     R, M = problem.ranks, problem.microbatches
     order = problem.longest_first()  # (N,)

@@ -4,6 +4,11 @@ Run (from the repository root; several minutes, most of it the pure-Python ``kk`
 
     NUMBA_CACHE_DIR=/tmp/numba-cache .venv/bin/python bench/balance.py | tee /tmp/bench_balance.txt
 
+``--lockstep`` runs only the lockstep table (``lockstep_table``: few samples per microbatch, power-law and
+lognormal tails and MovieLens truncated at 200 and 1024 events, at 256 x 8 with 4 per microbatch and
+64 x 4 with 8; naive against ``balanced`` with the lockstep and the step objective, each row judged against
+the certified lockstep floor at balanced's peak); the full run prints it after the main table.
+
 ``--quick`` drops the 1,048,576-sample scale (and with it ``kk`` above 100k samples) for a smoke run;
 ``--certify SECONDS`` bounds, for every row that misses target 1 or 3, what *any* plan could reach there
 (``bench/certify.py``: a HiGHS MILP relaxation; its dual bound is a floor no plan beats);
@@ -286,6 +291,68 @@ def locality_table(cost_model, seed: int) -> dict:
                                       "worst_time_ratio": slowest["time_ratio"]}}
 
 
+# --lockstep: (name, distribution, keyword arguments of sample_lengths); MovieLens is resampled per user
+LOCKSTEP_TAILS = [("zipf a2", "zipf", {"alpha": 2.0, "min_len": 20}), ("lognormal", "lognormal", {}),
+                  ("movielens", "movielens", {})]
+LOCKSTEP_CAPS = (200, 1024)
+LOCKSTEP_SHAPES = [(256, 8, 4), (64, 4, 8)]  # ranks, microbatches, samples per microbatch
+TARGET_LOCKSTEP, LOCKSTEP_FLOOR_LIMIT = 0.02, 0.01
+
+
+def lockstep_table(cost_model, seed: int, quick: bool) -> dict:
+    """Lockstep bubble of naive and ``balanced`` (objective lockstep; the step objective's step bubble beside)
+    where microbatches hold few samples, against a certified floor: the least lockstep bubble of any plan whose
+    costliest microbatch is within balanced's (``certify.counting_floor`` and ``certify.volume_floor``: HiGHS).
+    Verdict: ``pass`` at or below ``TARGET_LOCKSTEP``; else ``out of reach`` where the floor is above it, else
+    ``planner gap``. The issue's target: every row whose floor is below ``LOCKSTEP_FLOOR_LIMIT`` passes.
+    ``quick``: equal_count off and the 1024 cap only."""
+    from certify import counting_floor, volume_floor
+
+    print("\n== lockstep: few samples per microbatch; bubble = lockstep bubble, step = step bubble of the step "
+          "objective, floor = certified floor at balanced's peak", flush=True)
+    print(f"{'workload':<34} {'eq':>5} {'naive':>8} {'balanced':>9} {'max/LB':>8} {'step':>8} {'floor':>8} "
+          f"{'ms':>8}  verdict", flush=True)
+    rng = np.random.default_rng(seed)
+    ml = movielens_lengths()
+    rows = []
+    for label, dist, kw in LOCKSTEP_TAILS:
+        for cap in LOCKSTEP_CAPS[-1:] if quick else LOCKSTEP_CAPS:
+            for R, M, per in LOCKSTEP_SHAPES:
+                n = R * M * per
+                lengths = (np.minimum(rng.choice(ml, n), cap) if dist == "movielens"
+                           else sample_lengths(dist, n, max_len=cap, seed=seed, **kw))
+                costs = cost_model.cost(lengths)
+                for eq in (False,) if quick else (False, True):
+                    kwargs = dict(ranks=R, microbatches=M, cost_model=cost_model, equal_count=eq, seed=seed)
+                    naive = balancer.plan(lengths, method="naive", **kwargs)
+                    bal = balancer.plan(lengths, **kwargs)
+                    step = balancer.plan(lengths, objective="step", **kwargs)
+                    cap_cost = bal.metrics["max_cost"] * (1 + 1e-9)
+                    floor_time = max(counting_floor(costs, R, M, 10.0, peak_cap=cap_cost),
+                                     volume_floor(costs, R, M, 10.0, peak_cap=cap_cost), costs.sum() / R)
+                    floor = max(1.0 - costs.sum() / R / floor_time, 0.0)
+                    bubble = bal.metrics["bubble_fraction"]
+                    verdict = ("pass" if bubble <= TARGET_LOCKSTEP else
+                               "out of reach" if floor > TARGET_LOCKSTEP else "planner gap")
+                    row = {"workload": f"{label} cap {cap} {R}x{M} ({per}/mb)", "equal_count": eq,
+                           "naive": naive.metrics["bubble_fraction"], "balanced": bubble,
+                           "max_over_lower_bound": bal.metrics["max_over_lower_bound"],
+                           "step_objective_step_bubble": step.metrics["step_bubble_fraction"], "floor": floor,
+                           "ms": bal.seconds * 1e3, "verdict": verdict}
+                    rows.append(row)
+                    print(f"{row['workload']:<34} {eq!s:>5} {row['naive']:8.5f} {bubble:9.5f} "
+                          f"{row['max_over_lower_bound']:8.5f} {row['step_objective_step_bubble']:8.5f} {floor:8.5f} "
+                          f"{row['ms']:8.1f}  {verdict}", flush=True)
+    judged = [r for r in rows if r["floor"] < LOCKSTEP_FLOOR_LIMIT]
+    ok = all(r["balanced"] <= TARGET_LOCKSTEP for r in judged)
+    gaps = [r for r in rows if r["verdict"] == "planner gap"]
+    print(f"L. lockstep bubble <= {TARGET_LOCKSTEP} where the certified floor < {LOCKSTEP_FLOOR_LIMIT}: "
+          f"{'PASS' if ok else 'FAIL'} ({sum(r['balanced'] <= TARGET_LOCKSTEP for r in judged)}/{len(judged)}); "
+          f"misses: {sum(r['verdict'] == 'out of reach' for r in rows)} out of reach, {len(gaps)} planner gaps",
+          flush=True)
+    return {"rows": rows, "pass": ok, "planner_gaps": len(gaps)}
+
+
 def check_targets(rows: list[dict], spd: dict | None, speed_is_target_scale: bool) -> dict:
     ok_rows = [r for r in rows if not r.get("error")]
     errors = [r for r in rows if r.get("error") and r["method"] in ("balanced", "lpt")]
@@ -478,6 +545,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--certify", type=float, default=0.0, metavar="SECONDS",
                     help="bound what any plan can reach on every row that misses target 1 or 3 (HiGHS MILP, "
                          "this many seconds per row; needs the bench extra); 0 = skip")
+    ap.add_argument("--lockstep", action="store_true",
+                    help="only the lockstep table: few samples per microbatch, against certified floors (HiGHS)")
     ap.add_argument("--locality", action="store_true",
                     help="only the locality table: balanced with home/rank_node against the plan without them")
     args = ap.parse_args(argv)
@@ -503,6 +572,14 @@ def main(argv=None) -> dict:
             args.json_out.write_text(json.dumps(result, indent=1))
         print(json.dumps(result), flush=True)
         return result
+    if args.lockstep:
+        lockstep = lockstep_table(cost_model, args.seed, args.quick)
+        result = {"bench": "balance", "lockstep": lockstep, "cost_model": str(cost_model), "seed": args.seed,
+                  "provenance": prov, "seconds": time.perf_counter() - started}
+        if args.json_out:
+            args.json_out.write_text(json.dumps(result, indent=1))
+        print(json.dumps(result), flush=True)
+        return result
     rows, lengths_of = [], {}
     for sc in scenarios(args.quick, args.seed):
         lengths_of[sc.name] = sc
@@ -510,6 +587,7 @@ def main(argv=None) -> dict:
     shape = SPEED_SHAPE if not args.quick else max((s for s in SCALES if s[2] <= QUICK_MAX_N), key=lambda s: s[2])
     spd = speed(rows, methods, cost_model, args.seed, shape)
     targets = check_targets(rows, spd, shape == SPEED_SHAPE)
+    targets["lockstep"] = lockstep_table(cost_model, args.seed, args.quick)
     if args.certify > 0:
         targets["certified_floors"] = certify_misses(rows, targets, lengths_of, cost_model, args.certify)
     elapsed = time.perf_counter() - started

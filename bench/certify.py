@@ -28,6 +28,14 @@ samples costing ``x`` or more, so for every cost ``x``, ``sum_k floor(h_k / x) >
 the total, the least ``sum_k h_k`` that allows all that is a small MILP (M continuous levels, M
 integers per threshold). It ignores caps and ``equal_count``, which only raise the optimum.
 
+A third lockstep floor, the *volume* floor (:func:`volume_floor`), sees what counts miss: a sample costing
+``x`` can only sit in a slot whose maximum is at least ``x``, so the samples costing more than the level
+of slot k must fit, by volume, into the R bins of each slot above it. Samples are bucketed by cost (each
+bucket priced at its cheapest member, so the bucket's test is never harder than its samples'), and a
+small MILP (a binary per bucket and slot: the slot is open to the bucket; volumes per slot) finds the least
+``sum_k h_k``. Under a peak cap (slot maxima at most the peak), a power-law tail whose mid-sized samples
+outweigh the room left beside the costliest ones in slot 0 gets a floor well above ``total / R``.
+
 The ``equal_count`` peak floor is the larger of the MILP's and a *quota* floor (:func:`quota_floor`):
 ranks with few long samples cannot make up their share with short ones when their sample count is fixed.
 
@@ -195,7 +203,8 @@ def certified_floor(lengths, costs, ranks: int, microbatches: int, *, objective:
     else:
         cap = None if peak_cap is None else peak_cap / cost_scale
         bound = max(bound, counting_floor(c / cost_scale, R, M, time_limit, peak_cap=cap, lengths=L,
-                                          max_tokens=max_tokens))
+                                          max_tokens=max_tokens),
+                    volume_floor(c / cost_scale, R, M, time_limit, peak_cap=cap))
         per_rank = c.sum() / R / cost_scale
         to_unit = lambda v: 1.0 - per_rank / v  # noqa: E731
     return Floor(objective, max(to_unit(bound), 0.0 if objective == "lockstep" else 1.0),
@@ -237,6 +246,48 @@ def counting_floor(costs: np.ndarray, ranks: int, microbatches: int, time_limit:
     model.add(list(range(ih, ih + M)), [1.0] * M, c.sum() / R, np.inf)
     for k in range(M - 1):
         model.add([ih + k, ih + k + 1], [1.0, -1.0], 0.0, np.inf)
+    bound, _, _ = model.solve(time_limit)
+    return bound
+
+
+def volume_floor(costs: np.ndarray, ranks: int, microbatches: int, time_limit: float = 30.0,
+                 peak_cap: float | None = None, buckets: int = 200) -> float:
+    """A floor on the lockstep time ``sum_k h_k`` from volumes (module docstring), in cost units; with
+    ``peak_cap``, over plans whose costliest microbatch is at most that. Caps on tokens and ``equal_count``
+    only raise the optimum, so it holds under them too."""
+    c = np.sort(np.asarray(costs, dtype=np.float64))[::-1]
+    c = c[c > 0]
+    if not c.size:
+        return 0.0
+    R, M = ranks, microbatches
+    # buckets: geometric cost edges, each sample in the bucket of the largest edge at or below its cost
+    edges = np.unique(np.concatenate([np.geomspace(c[-1], c[0], buckets), c[:1], c[-1:]]))[::-1]  # descending
+    bucket = np.searchsorted(-edges, -c, side="left")  # (n,): first edge <= the sample's cost
+    volume = np.bincount(bucket, weights=c, minlength=edges.size)
+    held = volume > 0
+    edge, volume = edges[held], volume[held]
+    T = edge.size
+    # variables: open (T*M binaries: bucket t may sit in slot k) | w (T*M: its volume there) | h (M levels)
+    iw, ih = T * M, 2 * T * M
+    model = _Model(ih + M, T * M, ih)
+    model.upper[:T * M] = 1.0
+    model.lower[ih] = c[0]  # slot 1 holds the costliest sample
+    if peak_cap is not None:
+        model.upper[ih:] = peak_cap
+    for t in range(T):
+        model.add([iw + t * M + k for k in range(M)], [1.0] * M, volume[t], volume[t])  # every bucket placed
+        for k in range(M):
+            o = t * M + k
+            model.add([ih + k, o], [1.0, -edge[t]], 0.0, np.inf)  # an open slot's maximum >= the bucket's edge
+            model.add([iw + o, o], [1.0, -volume[t]], -np.inf, 0.0)  # volume only in an open slot
+            if k + 1 < M:  # slots ordered by their maxima: open to a bucket, so is every slot above
+                model.add([o, o + 1], [1.0, -1.0], 0.0, np.inf)
+            if t + 1 < T:  # open to a bucket, open to every cheaper one
+                model.add([o + M, o], [1.0, -1.0], 0.0, np.inf)
+    for k in range(M):
+        model.add([iw + t * M + k for t in range(T)] + [ih + k], [1.0] * T + [-float(R)], -np.inf, 0.0)
+        if k + 1 < M:
+            model.add([ih + k, ih + k + 1], [1.0, -1.0], 0.0, np.inf)
     bound, _, _ = model.solve(time_limit)
     return bound
 

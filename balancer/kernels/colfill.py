@@ -11,12 +11,17 @@ Rules (the twin follows them exactly), slots j = 0 .. M-1 in turn over the sampl
 taken in the given order (costliest first):
 
 - the slot's level is the larger of the mean of what is left over the slots left and the costliest
-  sample left;
+  sample left (*spread*); with a ``peak`` > 0 (*stacked*), the larger of ``min(peak, what is left / R)``
+  and the costliest sample left, and the first slot whose level is what is left per rank (all of it fits
+  below the peak) is the last one: every rank's work sits in as few microbatches as the peak allows, so
+  the later slots stay empty and the lockstep time is the costliest rank's total wherever the slots above
+  fill to the peak on every rank;
 - below the last slot, a sample goes to the first rank (lowest id) whose slot-j bin stays within the
   level, the token cap and its rank's sample quota; one that fits nowhere waits for the next slot;
-- in the last slot, a sample goes to the least loaded feasible rank (ties: lowest id); where the cap
-  or the quotas leave no rank feasible there, to the least loaded feasible bin of any slot (ties:
-  lowest bin id); if there is none the start fails (its samples stay -1).
+- in the last slot (the last one filled, stacked), a sample goes to the least loaded feasible rank (ties:
+  lowest id); where the cap or the quotas leave no rank feasible there, to the least loaded feasible bin of
+  any slot (ties: lowest bin id; stacked, that may be a slot after the last, whose level stays 0); if there
+  is none the start fails (its samples stay -1).
 
 Grouped (``column_fill_grouped``, the locality planner's start): every sample prefers a contiguous range
 of ranks, its group (the ranks of the node it was assigned to). Below the last slot, a slot takes two
@@ -39,18 +44,21 @@ from numba import njit
 
 from balancer.kernels.common import room
 
+# The planners run the column fill (O(N * R * M)) while N * R * M stays at or below this.
+COLUMN_FILL_WORK = 1 << 27
+
 
 @njit(cache=True, nogil=True)
-def column_fill(order, costs, lengths, ranks, rules):
+def column_fill(order, costs, lengths, ranks, rules, peak=0.0):
     """Every sample may go to any rank (one group of all ranks): see the module docstring."""
-    return column_fill_grouped(order, costs, lengths, ranks, rules, None, None)
+    return column_fill_grouped(order, costs, lengths, ranks, rules, None, None, peak)
 
 
 @njit(cache=True, nogil=True)
-def column_fill_grouped(order, costs, lengths, ranks, rules, group, group_start):
+def column_fill_grouped(order, costs, lengths, ranks, rules, group, group_start, peak=0.0):
     """``column_fill`` where sample i prefers the ranks ``group_start[group[i]] .. group_start[group[i] + 1] - 1``
     (``group`` int64 (N,), ``group_start`` int64 (G + 1,), ascending from 0 to ``ranks``; both None: one
-    group of all ranks): see the module docstring's grouped rules."""
+    group of all ranks): see the module docstring's grouped rules; ``peak`` > 0: stacked levels."""
     microbatches, token_cap, quotas = rules.microbatches, rules.token_cap, rules.quotas
     n = order.shape[0]
     bins = np.full(costs.shape[0], -1, dtype=np.int64)
@@ -68,8 +76,11 @@ def column_fill_grouped(order, costs, lengths, ranks, rules, group, group_start)
         if n_left == 0:
             break
         level = max(left_cost / (ranks * (microbatches - j)), costs[remaining[0]])
-        levels[j] = level
         last = j == microbatches - 1
+        if peak > 0.0:
+            level = max(min(peak, left_cost / ranks), costs[remaining[0]])
+            last = last or left_cost <= peak * ranks
+        levels[j] = level
         for sweep in range(1 if last or quotas else 2):  # own group first, then (below the last slot) all ranks
             kept = 0
             for p in range(n_left):
@@ -128,13 +139,13 @@ def column_fill_grouped(order, costs, lengths, ranks, rules, group, group_start)
     return bins, levels
 
 
-def column_fill_ref(order, costs, lengths, ranks, rules):
+def column_fill_ref(order, costs, lengths, ranks, rules, peak=0.0):
     """Plain twin of ``column_fill``."""
     return column_fill_grouped_ref(order, costs, lengths, ranks, rules, np.zeros(len(costs), dtype=np.int64),
-                                   np.array([0, ranks]))
+                                   np.array([0, ranks]), peak)
 
 
-def column_fill_grouped_ref(order, costs, lengths, ranks, rules, group, group_start):
+def column_fill_grouped_ref(order, costs, lengths, ranks, rules, group, group_start, peak=0.0):
     """Plain twin of ``column_fill_grouped``."""
     microbatches, token_cap, quotas, lo, n_extra = rules
     bins = np.full(len(costs), -1, dtype=np.int64)
@@ -149,9 +160,13 @@ def column_fill_grouped_ref(order, costs, lengths, ranks, rules, group, group_st
     for j in range(microbatches):
         if not remaining:
             break
-        level = max(left_cost / (ranks * (microbatches - j)), costs[remaining[0]])
+        if peak > 0.0:
+            level = max(min(peak, left_cost / ranks), costs[remaining[0]])
+            last = j == microbatches - 1 or left_cost <= peak * ranks
+        else:
+            level = max(left_cost / (ranks * (microbatches - j)), costs[remaining[0]])
+            last = j == microbatches - 1
         levels[j] = level
-        last = j == microbatches - 1
         for sweep in range(1 if last or quotas else 2):
             kept = []
             for i in remaining:

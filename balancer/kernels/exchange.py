@@ -117,7 +117,8 @@ def exchange_ref(bins, costs, lengths, threshold, rules):
     """Plain twin of ``exchange`` without the work budget: recomputes membership from ``bins``."""
     microbatches, token_cap, quotas, _, _ = rules
     n_bins = len(threshold)
-    _, loads, tokens = fill_of.py_func(bins, costs, lengths, n_bins)
+    loads = np.bincount(bins, weights=costs, minlength=n_bins)
+    tokens = np.bincount(bins, weights=lengths, minlength=n_bins).astype(np.int64)
     excess = loads - threshold
     over = sorted((b for b in range(n_bins) if excess[b] > 0.0), key=lambda b: (-excess[b], b))
     done = 0

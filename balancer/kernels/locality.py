@@ -189,7 +189,12 @@ def split_nodes_ref(order, density, costs, home, node_ranks, rules) -> np.ndarra
             count[node[i]] += 1
 
     def move(i, d):
-        _move.py_func(i, d, node, excess, count, costs)
+        if node[i] >= 0:
+            excess[node[i]] -= costs[i]
+            count[node[i]] -= 1
+        node[i] = d
+        excess[d] += costs[i]
+        count[d] += 1
 
     def furthest_below():
         return min((k for k in range(K) if node_ranks[k]), key=lambda k: (excess[k], k))
@@ -397,7 +402,16 @@ def swap_home_ref(order, costs, lengths, home, rank_node, rank, slot, rules) -> 
             best = y
         if best is None:
             continue
-        _trade.py_func(i, best, rank, slot, _Totals(loads, tokens, rank_total), costs, lengths, M)
+        bx, by = rank[i] * M + slot[i], rank[best] * M + slot[best]
+        d, dt = costs[best] - costs[i], int(lengths[best]) - int(lengths[i])
+        loads[bx] += d
+        loads[by] -= d
+        tokens[bx] += dt
+        tokens[by] -= dt
+        rank_total[rank[i]] += d
+        rank_total[rank[best]] -= d
+        rank[i], rank[best] = rank[best], rank[i]
+        slot[i], slot[best] = slot[best], slot[i]
         used.update((int(i), int(best)))
         swaps += 1
     if swaps:

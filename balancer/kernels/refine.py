@@ -228,7 +228,8 @@ def refine_ref(bins, costs, lengths, threshold, rules, max_iters):
     one with ``max_iters`` = the steps the kernel returned."""
     microbatches, token_cap, quotas, lo, _ = rules
     n_bins = len(threshold)
-    _, loads, tokens = fill_of.py_func(bins, costs, lengths, n_bins)
+    loads = np.bincount(bins, weights=costs, minlength=n_bins)
+    tokens = np.bincount(bins, weights=lengths, minlength=n_bins).astype(np.int64)
     rank_counts = np.bincount(bins // microbatches, minlength=max(n_bins // microbatches, 1))
     stuck = np.zeros(n_bins, dtype=bool)
     steps = 0
@@ -254,7 +255,7 @@ def refine_ref(bins, costs, lengths, threshold, rules, max_iters):
                 cx = costs[x]
                 fits = token_cap <= 0 or tokens[t] + lengths[x] <= token_cap
                 if cx < limit and cross_move_ok and fits:
-                    score = _pair_score.py_func(eb, lb, tb, lt, tt, cx)
+                    score = eb - max(lb - cx - tb, lt + cx - tt)  # the pair's max excess falls by this
                     if score > best_score:
                         best_score, best_x, best_y = score, x, -1
                 for y in ys:
@@ -265,7 +266,7 @@ def refine_ref(bins, costs, lengths, threshold, rules, max_iters):
                         tokens[t] - lengths[y] + lengths[x] > token_cap or tokens[b] - lengths[x] + lengths[y] > token_cap
                     ):
                         continue
-                    score = _pair_score.py_func(eb, lb, tb, lt, tt, d)
+                    score = eb - max(lb - d - tb, lt + d - tt)
                     if score > best_score:
                         best_score, best_x, best_y = score, x, y
             if best_x >= 0:

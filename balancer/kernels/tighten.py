@@ -257,8 +257,8 @@ def _partners(loads, a, k):
 def tighten_ref(bins, costs, lengths, n_bins, rules, floor, max_steps):
     """Plain twin of ``tighten``: the same rules with lists and ``bisect``."""
     microbatches, token_cap, quotas, _, _ = rules
-    fill = fill_of.py_func(bins, costs, lengths, n_bins)
-    _, loads, tokens = fill
+    loads = np.bincount(bins, weights=costs, minlength=n_bins)
+    tokens = np.bincount(bins, weights=lengths, minlength=n_bins).astype(np.int64)
     key = lambda i: (costs[i], i)  # noqa: E731
     held = [sorted(np.flatnonzero(bins == b).tolist(), key=key) for b in range(n_bins)]
     pools = [m[:POOL] for m in held]
@@ -319,6 +319,10 @@ def tighten_ref(bins, costs, lengths, n_bins, rules, floor, max_steps):
                 held[dst] = sorted(held[dst] + [i], key=key)
                 if whole or (pools[dst] and key(i) < key(pools[dst][-1])):
                     pools[dst] = sorted(pools[dst] + [i], key=key)[:POOL]
-                shift.py_func(fill, i, src, dst, costs, lengths)
+                bins[i] = dst
+                loads[src] -= costs[i]
+                loads[dst] += costs[i]
+                tokens[src] -= lengths[i]
+                tokens[dst] += lengths[i]
         done += 1
     return done

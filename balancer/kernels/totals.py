@@ -1,4 +1,4 @@
-"""Per-bin totals of a plan (``bin_totals``, numba + twin) and the one-pass ``summary`` its metrics come from."""
+"""Per-bin totals of a plan (``bin_totals``) and the one-pass ``summary`` its metrics come from (numba + twins)."""
 
 from __future__ import annotations
 
@@ -35,6 +35,22 @@ def summary(loads, tokens, counts, max_tokens):
         per_rank_min = min(per_rank_min, rank_count)
         per_rank_max = max(per_rank_max, rank_count)
     return total, peak, lockstep, rank_max, violations, tokens_max, per_rank_min, per_rank_max
+
+
+def summary_ref(loads, tokens, counts, max_tokens):
+    """Plain twin of ``summary`` (same tuple; sums run rank by rank, each rank's bins in slot order)."""
+    ranks, microbatches = loads.shape
+    rank_totals = [sum((float(x) for x in loads[r]), 0.0) for r in range(ranks)]
+    rank_counts = [int(sum(int(x) for x in counts[r])) for r in range(ranks)]
+    flat_tokens = [int(t) for t in tokens.reshape(-1)]
+    return (sum(rank_totals, 0.0),
+            max((float(x) for x in loads.reshape(-1)), default=0.0),
+            sum((max((float(loads[r, j]) for r in range(ranks)), default=0.0) for j in range(microbatches)), 0.0),
+            max(rank_totals, default=0.0),
+            sum(1 for t in flat_tokens if 0 <= max_tokens < t),
+            max(flat_tokens, default=0),
+            min(rank_counts, default=int(np.iinfo(np.int64).max)),
+            max(rank_counts, default=0))
 
 
 @njit(cache=True, nogil=True)

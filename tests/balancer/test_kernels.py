@@ -188,7 +188,11 @@ def test_exchange_leaves_a_bin_it_cannot_bring_down():
 def test_column_fill_matches_reference_and_keeps_constraints(data):
     ranks, microbatches, lengths, costs, cap, quotas = _problem(data, n_max=120, max_ranks=8)
     order = O.order_by_length_desc(lengths, data.draw(st.integers(0, 1000)))
-    args = (order, costs, lengths, ranks, Rules(microbatches, cap, quotas, len(lengths) // ranks, len(lengths) % ranks))
+    # spread levels (0), or stacked under a peak: the lower bound, or above it
+    bound = max(costs.sum() / (ranks * microbatches), costs.max()) if lengths.size else 1.0
+    peak = data.draw(st.sampled_from([0.0, 1.0, 1.3])) * bound
+    args = (order, costs, lengths, ranks, Rules(microbatches, cap, quotas, len(lengths) // ranks, len(lengths) % ranks),
+            peak)
     bins, levels = C.column_fill(*args)
     bins_ref, levels_ref = C.column_fill_ref(*args)
     np.testing.assert_array_equal(bins, bins_ref)
@@ -198,17 +202,33 @@ def test_column_fill_matches_reference_and_keeps_constraints(data):
         return
     n_bins = ranks * microbatches
     loads = np.bincount(bins, weights=costs, minlength=n_bins).reshape(ranks, microbatches)
-    # every slot but the last stays within its level (a cap can send the last slot's overflow to any bin),
-    # and no level is below the costliest sample it holds
-    if not cap:
-        assert np.all(loads[:, :-1] <= levels[:-1] * (1 + 1e-12))
     slot = bins % microbatches
-    assert np.all(costs <= levels[slot])
+    last = int(slot.max(initial=0))
+    # every slot before the last one filled stays within its level (a cap can send the last slot's overflow to
+    # any bin), stacked ones within the peak; no level is below the costliest sample it holds (stacked, that
+    # overflow may land in a slot after the last one filled, whose level stays 0)
+    if not cap:
+        assert np.all(loads[:, :last] <= levels[:last] * (1 + 1e-12))
+        if peak:
+            assert np.all(loads[:, :last] <= peak * (1 + 1e-12))
+    held = levels[slot] > 0 if peak else np.ones(slot.size, dtype=bool)
+    assert np.all(costs[held] <= levels[slot[held]])
     if cap:
         assert np.bincount(bins, weights=lengths, minlength=n_bins).max() <= cap
     if quotas:
         per_rank = np.bincount(bins // microbatches, minlength=ranks)
         assert per_rank.max() - per_rank.min() <= 1
+
+
+def test_stacked_column_fill_leaves_the_slots_after_the_peak_empty():
+    # costs 100 (the costliest), 60, 40, 30, 10, 10 on 2 ranks x 3 slots, peak 100: slot 0 holds 100 on both
+    # ranks (100; 60 + 40); what is left (50) fits one slot per rank below the peak, so slot 1 is the last
+    # filled, least loaded first (30 | 10 + 10), and slot 2 stays empty
+    costs = np.array([100.0, 60.0, 40.0, 30.0, 10.0, 10.0])
+    lengths = np.array([10, 8, 6, 5, 3, 3], dtype=np.int64)
+    bins, levels = C.column_fill(np.arange(6, dtype=np.int64), costs, lengths, 2, Rules(3, 0, False, 0, 0), 100.0)
+    np.testing.assert_array_equal(bins, [0, 3, 3, 1, 4, 4])
+    np.testing.assert_array_equal(levels, [100.0, 30.0, 0.0])  # slot 1: the costliest sample left
 
 
 def test_column_fill_sends_what_the_cap_keeps_out_of_the_last_slot_to_any_bin_with_room():
@@ -244,6 +264,25 @@ def test_bin_totals_match_reference(data):
     args = (rank, microbatch, costs, lengths, ranks, microbatches)
     for got, ref in zip(T.bin_totals(*args), T.bin_totals_ref(*args)):
         np.testing.assert_array_equal(got, ref)
+
+
+@given(st.data())
+@settings(max_examples=80, deadline=None)
+def test_summary_matches_reference(data):
+    ranks, microbatches = data.draw(st.integers(1, 6)), data.draw(st.integers(1, 5))
+    shape = (ranks, microbatches)
+    # costs not exact in binary: both sum each rank's bins in slot order, then the ranks in order
+    loads = np.asarray(data.draw(st.lists(st.floats(0.0, 1e6), min_size=ranks * microbatches,
+                                          max_size=ranks * microbatches)), dtype=np.float64).reshape(shape) / 7.0
+    tokens = np.asarray(data.draw(st.lists(st.integers(0, 5000), min_size=ranks * microbatches,
+                                           max_size=ranks * microbatches)), dtype=np.int64).reshape(shape)
+    counts = np.asarray(data.draw(st.lists(st.integers(0, 40), min_size=ranks * microbatches,
+                                           max_size=ranks * microbatches)), dtype=np.int64).reshape(shape)
+    max_tokens = data.draw(st.sampled_from([-1, 0, 100, 2500]))
+    got, ref = T.summary(loads, tokens, counts, max_tokens), T.summary_ref(loads, tokens, counts, max_tokens)
+    assert got == ref
+    if max_tokens < 0:
+        assert got[4] == 0  # no cap, no violations
 
 
 def test_numba_code_lives_in_kernels_and_no_module_imports_private_names():

@@ -84,6 +84,34 @@ def test_quota_and_counting_floors_are_floors(lengths, shape):
         assert got <= exact + 1e-9
 
 
+@given(st.lists(st.integers(1, 12), min_size=2, max_size=7), st.sampled_from([(2, 2), (3, 1), (2, 3)]),
+       st.sampled_from([None, 1.0, 1.3]))
+@settings(max_examples=40, deadline=None)
+def test_volume_floor_is_a_floor_under_a_peak_cap(lengths, shape, cap_factor):
+    lengths = np.asarray(lengths, dtype=np.int64)
+    costs = lengths.astype(np.float64) ** 2
+    R, M = shape
+    if (R * M) ** len(lengths) > 200_000:
+        return
+    peak_cap = None if cap_factor is None else cap_factor * max(costs.sum() / (R * M), costs.max())
+    best = np.inf  # the least lockstep time of plans whose costliest microbatch is within the cap
+    for bins in itertools.product(range(R * M), repeat=len(lengths)):
+        loads = np.bincount(np.asarray(bins), weights=costs, minlength=R * M).reshape(R, M)
+        if peak_cap is None or loads.max() <= peak_cap * (1 + 1e-12):
+            best = min(best, loads.max(axis=0).sum())
+    if np.isfinite(best):
+        assert certify.volume_floor(costs, R, M, peak_cap=peak_cap) <= best + 1e-9
+
+
+def test_volume_floor_sees_what_counts_miss():
+    # 2 ranks x 3 slots under a peak of 10: the 10 and the two 9s (28) outweigh slot 0's room (20), so a
+    # second slot's maximum is ~9, and a sample can only sit in a slot whose maximum is at least its cost:
+    # the volumes then need 21, where a rank's share and the counts allow 20.5
+    costs = np.array([10.0, 9.0, 9.0, 5.0, 4.0, 3.0, 1.0])
+    assert certify.counting_floor(costs, 2, 3, peak_cap=10.0) == pytest.approx(20.5, rel=1e-5)
+    assert certify.volume_floor(costs, 2, 3, peak_cap=10.0) == pytest.approx(21.0, rel=1e-3)
+
+
 def test_counting_floor_is_exact_when_counts_decide():
     # four equal samples on 2 ranks x 2 slots, no microbatch above one sample: every bin holds one,
     # so the lockstep time is exactly 4 + 4; stacking (no peak cap) gets down to a rank's share, 8 too

@@ -1,0 +1,98 @@
+"""A start polished into a laid-out candidate plan: what ``balanced`` and the locality-aware plan share.
+
+A *start* places every sample in a bin ``b = rank * M + slot`` aiming at a target cost per slot (its
+*levels*). ``polish`` runs the local searches on it (``kernels.refine``: single moves and swaps lowering
+the bin furthest over its threshold; ``kernels.exchange``: one sample against a set; for one flat level,
+``kernels.tighten``: the last cost units of the peak). ``lay_out`` then gives the bins their ranks and
+slots (flat plans regrouped onto ranks without ``equal_count``; each rank's microbatches heaviest first)
+and scores the candidate: its peak bin, rank totals and lockstep time ``sum_j max_r C[r, j]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from balancer.kernels.assign import lpt_assign
+from balancer.kernels.common import Rules
+from balancer.kernels.exchange import exchange
+from balancer.kernels.refine import bin_thresholds, refine
+from balancer.kernels.tighten import tighten
+from balancer.metrics import lockstep_bubble
+from balancer.registry import Problem
+
+# Accepted refinement steps per bin before giving up on the last tiny gains.
+REFINE_STEPS_PER_BIN = 64
+# Work budget of one refinement per sample (a unit: one bin or one sample examined; ~1-2 ns): keeps the
+# search O(N) where most bins cannot be improved (few samples per bin, tight constraints).
+REFINE_WORK_PER_SAMPLE = 256
+# Refinement stops when every bin is within this fraction of its level (exactly at it where the
+# level is the costliest sample's cost: that bound is always reachable and is the plan's peak).
+REFINE_TOLERANCE = 1e-4
+# Small-sample swaps per bin that may lower a flat plan's peak after the local search.
+TIGHTEN_STEPS_PER_BIN = 2
+
+
+def positive_levels(levels: np.ndarray) -> np.ndarray:
+    """Levels with empty slots raised to a tiny positive level (refine divides nothing by them, but a
+    zero threshold would count any sample there as excess)."""
+    return np.maximum(levels, levels[0] * 1e-9 if levels[0] > 0 else 1.0)
+
+
+@dataclass
+class Candidate:
+    bins: np.ndarray  # int64 (N,): bin of each sample, b = rank * M + slot before the layout
+    flat: bool  # one level: bins carry no rank structure yet
+    index: int  # ties in the choice go to the lower index (the start's place in the planner's list)
+    rank_of_bin: np.ndarray | None = None  # int64 (R*M,), after the layout
+    slot_of_bin: np.ndarray | None = None
+    peak: float = 0.0
+    bubble: float = 0.0  # lockstep bubble
+    lockstep: float = 0.0  # sum over slots of the costliest bin in the slot
+    rank_max: float = 0.0  # the costliest rank total (what a step with one collective waits for)
+
+
+def polish(problem: Problem, bins: np.ndarray, columns: np.ndarray, levels: np.ndarray, exact: float) -> np.ndarray:
+    """``bins`` (int64 (N,)) brought towards each bin's level ``levels[columns]`` in place: refine, exchange
+    and, for one flat level, tighten. Thresholds are the levels (1 + ``REFINE_TOLERANCE``), never above
+    ``exact`` where the level is at most it (``exact``: a cost every plan's peak reaches, reachable exactly)."""
+    rules = problem.rules
+    threshold = bin_thresholds(levels[columns], REFINE_TOLERANCE, exact)
+    work = REFINE_WORK_PER_SAMPLE * max(problem.n, problem.n_bins)
+    refine(bins, problem.costs, problem.lengths, threshold, rules, REFINE_STEPS_PER_BIN * problem.n_bins, work)
+    exchange(bins, problem.costs, problem.lengths, threshold, rules, work)
+    if levels.shape[0] == 1:
+        tighten(bins, problem.costs, problem.lengths, problem.n_bins, rules, float(levels[0]),
+                TIGHTEN_STEPS_PER_BIN * problem.n_bins)
+    return bins
+
+
+def lay_out(problem: Problem, cand: Candidate) -> None:
+    """Ranks and slots of ``cand``'s bins (flat plans regrouped onto ranks without ``equal_count``; each
+    rank's microbatches heaviest first), its peak, lockstep bubble, lockstep time and costliest rank."""
+    R, M, n_bins = problem.ranks, problem.microbatches, problem.n_bins
+    loads = np.bincount(cand.bins, weights=problem.costs, minlength=n_bins)  # (R*M,)
+    rank_of_bin = np.arange(n_bins) // M
+    if cand.flat and not problem.equal_count:
+        rank_of_bin = _group_bins_into_ranks(loads, R, M)
+    # slot of each bin inside its rank: heaviest first (stable by bin id)
+    by_rank_then_load = np.lexsort((np.arange(n_bins), -loads, rank_of_bin))
+    slot_of_bin = np.empty(n_bins, dtype=np.int64)
+    slot_of_bin[by_rank_then_load] = np.arange(n_bins) % M
+    grid = np.zeros((R, M))
+    grid[rank_of_bin, slot_of_bin] = loads
+    cand.rank_of_bin, cand.slot_of_bin = rank_of_bin, slot_of_bin
+    cand.peak = float(loads.max())
+    cand.bubble = lockstep_bubble(grid)
+    cand.lockstep = float(grid.max(axis=0).sum())
+    cand.rank_max = float(grid.sum(axis=1).max())
+
+
+def _group_bins_into_ranks(loads: np.ndarray, ranks: int, microbatches: int) -> np.ndarray:
+    """Rank of each bin, int64 (R*M,): heaviest bins first onto the lightest rank with < M bins."""
+    order = np.lexsort((np.arange(loads.shape[0]), -loads))
+    ones = np.ones(loads.shape[0], dtype=np.int64)
+    # LPT with ranks as the bins (one column, level 1) and a quota of exactly M bins per rank
+    rules = Rules(1, 0, True, microbatches, 0)
+    return lpt_assign(order, loads, ones, np.zeros(ranks, dtype=np.int64), np.ones(1), rules)
