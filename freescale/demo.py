@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from freescale.planning import evaluate_args, format_table, loader_arguments
+from freescale.planning import composition_text, evaluate_args, format_table, loader_arguments
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         epoch = epoch_lengths(out, config)
         print(f"planning the loader's {len(epoch.steps)} steps of {args.samples_per_step} histories onto "
               f"{args.ranks} ranks x {args.microbatches} microbatches (cost = L^2)")
-        evaluated = evaluate_args(epoch.steps, config, args)
+        evaluated = evaluate_args(epoch, config, args)
         print(format_table(evaluated))
         _report(out, config, epoch, evaluated, args)
         _ingest(out, len(epoch.lengths), args)
@@ -71,12 +71,30 @@ def _report(data: Path, config, epoch, evaluated: dict, args: argparse.Namespace
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
     (out / "report.html").write_text(render_html(report))
-    bubble = {m: float(np.mean(report["bubble_fraction"][m])) for m in ("naive", "balanced")}
-    hours = report["gpu_hours_lost"]
     print(f"report: {(out / 'report.html').resolve()}")
-    print(f"verdict: lockstep bubble {bubble['naive']:.3f} naive -> {bubble['balanced']:.3f} balanced; "
-          f"{hours['naive'] - hours['balanced']:.3g} GPU-hours saved per epoch of these {report['histories']} "
-          f"histories on {args.ranks} GPUs ({stated})")
+    print(verdict(report, stated, args.ranks, composition_text(config.compose, config.compose_window,
+                                                               report["moved_steps"])))
+
+
+def verdict(report: dict, stated: str, gpus: int, composed: str) -> str:
+    """The demo's verdict on ``report`` (``naive`` against ``balanced``): the mean per-step lockstep bubble, the
+    bubble's share of the epoch's GPU time, the GPU-hours it costs per million histories at the ``stated``
+    calibration, and how the steps were composed (``composed``: ``composition_text``)."""
+    methods = ("naive", "balanced")
+    bubble = {m: float(np.mean(report["bubble_fraction"][m])) for m in methods}
+    share = report["epoch_bubble_fraction"]
+    per_million = {m: report["gpu_hours_lost"][m] / max(report["histories"], 1) * 1e6 for m in methods}
+    return (f"verdict: lockstep bubble per step {bubble['naive']:.3f} naive (the shuffled order's steps) -> "
+            f"{bubble['balanced']:.3f} balanced (the loader's steps; mean of {report['steps']} steps)\n"
+            f"  bubbles take {_percent(share['naive'])} -> {_percent(share['balanced'])} of the epoch's GPU time: "
+            f"{per_million['naive']:.3g} -> {per_million['balanced']:.3g} GPU-hours lost per million histories "
+            f"on {gpus} GPUs ({stated})\n"
+            f"  steps {composed}")
+
+
+def _percent(fraction: float) -> str:
+    """``fraction`` as a percentage with three significant digits: 0.598 -> "59.8%", 2.3e-05 -> "0.0023%"."""
+    return f"{fraction * 100:.3g}%"
 
 
 STATUS_EVERY_S = 1.0
