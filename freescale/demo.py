@@ -1,14 +1,17 @@
 """``freescale demo``: the main job on the embedded default, over the bundled MovieLens sample.
 
-Convert the bundled ratings into the data contract, plan every step of the loader's epoch with
-``balanced`` and each reference planner and print the balance table; write the offline report of that
+Convert the bundled ratings into the data contract, plan every step of the loader's epoch (composed across
+windows of ``--compose-window`` steps) with ``balanced`` and each reference planner (``naive``: the plain
+shuffled order's steps) and print the balance table; write the offline report of that
 epoch (report.html and report.json, ``--report-out``) and print its verdict; then stream the epoch through
 ``loader.SequenceLoader`` on a local Ray (reader actors, coordinator, per-rank queues) and report
 what every rank received and the balance of the delivered plan. While it streams, the progress bar shows a
 live status: rows per second and the slowest rank (the one with the most messages waiting in its queue,
 ``loader.stats.slowest_rank``), how long it waited for its messages and how full its queue is.
 
-The verdict's GPU-hours use a stated calibration: with the default cost (L²), one cost unit is the attention
+The verdict says the lockstep bubble of ``naive`` and ``balanced`` per step, as a share of the epoch's GPU time,
+and in GPU-hours lost per million histories; and how far composition moved samples. Its GPU-hours use a
+stated calibration: with the default cost (L²), one cost unit is the attention
 FLOPs per token pair of an HSTU of 4 layers, d_model 256 (``CostModel.for_transformer``), at 200 TFLOP/s (an
 H100, ``freescale simulate``'s default); with ``--cost-model``, its coefficients are seconds.
 """
