@@ -25,8 +25,8 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterable
 from pathlib import Path
+from typing import Callable, Iterable
 
 import numpy as np
 

@@ -32,8 +32,8 @@ def render_html(report: dict) -> str:
             f"{esc(steps_text(cfg['compose'], cfg['compose_window'], report['moved_steps']))}"
             f"{_skips_text(report.get('dataset', {}), cfg)}.</p>")
     body = [f"<h1>{esc(title)}</h1>", head, _summary_table(report), _histogram(report["histogram"]),
-            _moved_plot(report["moved_steps"], cfg), _bubble_plot(report["bubble_fraction"]), _heatmaps(report["worst_step"]), _cdf_plot(report["cdf"]),
-            _gpu_hours(report)]
+            _moved_plot(report["moved_steps"], cfg), _bubble_plot(report["bubble_fraction"]),
+            _heatmaps(report["worst_step"]), _cdf_plot(report["cdf"]), _gpu_hours(report)]
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{esc(title)}</title><style>{STYLE}</style></head><body>\n" + "\n".join(body)
             + "\n</body></html>\n")

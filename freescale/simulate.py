@@ -3,8 +3,9 @@
 For each rank count, plans the same K global batches with each scenario's planner and simulates
 naive + blocking exchange (a TorchRec-like baseline), + balance (per-step plans of the shuffled order's
 steps), + compose (the loader's steps: composed across windows of --compose-window steps, then balanced),
-+ overlap (prefetch through SMs) and + SM-free (prefetch on copy engines); --no-compose leaves composition out. ``--calibrate trainer.jsonl`` fits compute and exchange times to a
-measured run first. See ``docs/simulator.md``.
++ overlap (prefetch through SMs) and + SM-free (prefetch on copy engines); --no-compose leaves composition
+out. ``--calibrate trainer.jsonl`` fits compute and exchange times to a measured run first. See
+``docs/simulator.md``.
 """
 
 from __future__ import annotations
@@ -52,11 +53,10 @@ def run(args: argparse.Namespace) -> int:
                                 progress=bar(f"planning {R} ranks", "step"))
         rows = {name: b.to_dict() for name, b in results.items()}
         out["ranks"][str(R)] = rows
-        summary = moved_summary(moved) if spec.compose else None
-        if summary is not None:
-            out["moved_steps"][str(R)] = summary
+        if spec.compose:
+            out["moved_steps"][str(R)] = moved_summary(moved)
         print(format_table(R, per_step, args.microbatches, rows))
-        print(f"  steps {composition_text(spec.compose, spec.compose_window, summary)}"
+        print(f"  steps {composition_text(spec.compose, spec.compose_window, out['moved_steps'].get(str(R)))}"
               + ("; naive+blocking and +balance plan the shuffled order's" if spec.compose else ""))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(out, indent=2) + "\n")
