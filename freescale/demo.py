@@ -87,11 +87,11 @@ def verdict(report: dict, stated: str, gpus: int, composed: str) -> str:
     bubble = {m: float(np.mean(report["bubble_fraction"][m])) for m in methods}
     share = report["epoch_bubble_fraction"]
     per_million = {m: report["gpu_hours_lost"][m] / max(report["histories"], 1) * 1e6 for m in methods}
-    return (f"verdict: lockstep bubble per step {bubble['naive']:.3f} naive (the shuffled order's steps) -> "
-            f"{bubble['balanced']:.3f} balanced (the loader's steps; mean of {report['steps']} steps)\n"
-            f"  bubbles take {_percent(share['naive'])} -> {_percent(share['balanced'])} of the epoch's GPU time: "
-            f"{per_million['naive']:.3g} -> {per_million['balanced']:.3g} GPU-hours lost per million histories "
-            f"on {gpus} GPUs ({stated})\n"
+    return (f"verdict: lockstep bubble {bubble['naive']:.4f} naive (the shuffled order's steps) -> "
+            f"{bubble['balanced']:.4f} balanced (the loader's steps), mean per step\n"
+            f"  = {_percent(share['naive'])} -> {_percent(share['balanced'])} of the epoch's GPU time, "
+            f"{per_million['naive']:.3g} -> {per_million['balanced']:.3g} GPU-hours lost per million histories\n"
+            f"  at the stated calibration: {gpus} GPUs, {stated}\n"
             f"  steps {composed}")
 
 

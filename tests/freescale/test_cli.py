@@ -116,10 +116,10 @@ def test_demo_runs_on_bundled_movielens(capsys, tmp_path):
     per_million = {m: report["gpu_hours_lost"][m] / 610 * 1e6 for m in ("naive", "balanced")}
     assert balanced < naive and share["balanced"] < share["naive"] and per_million["balanced"] < per_million["naive"]
     moved = report["moved_steps"]
-    assert (f"verdict: lockstep bubble per step {naive:.3f} naive (the shuffled order's steps) -> {balanced:.3f} "
-            f"balanced (the loader's steps; mean of 5 steps)\n"
-            f"  bubbles take {share['naive'] * 100:.3g}% -> {share['balanced'] * 100:.3g}% of the epoch's GPU time: "
-            f"{per_million['naive']:.3g} -> {per_million['balanced']:.3g} GPU-hours lost per million histories on 4 "
-            "GPUs (an HSTU of 4 layers, d_model 256, at 200 TFLOP/s)\n"
+    assert (f"verdict: lockstep bubble {naive:.4f} naive (the shuffled order's steps) -> {balanced:.4f} balanced "
+            "(the loader's steps), mean per step\n"
+            f"  = {share['naive'] * 100:.3g}% -> {share['balanced'] * 100:.3g}% of the epoch's GPU time, "
+            f"{per_million['naive']:.3g} -> {per_million['balanced']:.3g} GPU-hours lost per million histories\n"
+            "  at the stated calibration: 4 GPUs, an HSTU of 4 layers, d_model 256, at 200 TFLOP/s\n"
             f"  steps composed across windows of 16 steps: samples moved {moved['mean']:.2f} steps on average, at most "
             f"{moved['max']}") in text
