@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -64,14 +65,40 @@ class Scenario:
     planner: str
     overlap: bool
     transport: str  # "blocking", "sm" or "ce"
+    composed: bool = False  # plans the steps composed across windows (the loader's), not the shuffled order's
 
 
 SCENARIOS = (
     Scenario("naive+blocking", "naive", False, "blocking"),
     Scenario("+balance", "balanced", False, "blocking"),
-    Scenario("+overlap", "balanced", True, "sm"),
-    Scenario("+sm-free", "balanced", True, "ce"),
+    Scenario("+compose", "balanced", False, "blocking", composed=True),
+    Scenario("+overlap", "balanced", True, "sm", composed=True),
+    Scenario("+sm-free", "balanced", True, "ce", composed=True),
 )
+
+
+def ladder(compose: bool) -> tuple[Scenario, ...]:
+    """The scenarios, each adding one thing to the one before: ``SCENARIOS``; without composition, ``+compose``
+    is left out and every scenario plans the shuffled order's steps."""
+    if compose:
+        return SCENARIOS
+    return tuple(replace(sc, composed=False) for sc in SCENARIOS if sc.name != "+compose")
+
+
+def compose_steps(steps: list[np.ndarray], spec: BatchSpec) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """``steps`` (each step's lengths, in the shuffled order) composed as the loader composes its steps: window
+    by window of ``spec.compose_window`` consecutive steps (the last window may be shorter), with
+    ``spec.composition``. Returns the composed steps' lengths and each of their samples' steps moved."""
+    composed, moved = [], []
+    for start in range(0, len(steps), spec.compose_window):
+        window = steps[start:start + spec.compose_window]
+        lengths = np.concatenate(window)  # (N,) the window in shuffled order
+        composition = spec.composition(lengths, np.array([len(s) for s in window], dtype=np.int64))
+        distance = composition.moved()  # (N,)
+        for members in composition.members():
+            composed.append(lengths[members])
+            moved.append(distance[members])
+    return composed, moved
 
 
 @dataclass
@@ -158,27 +185,42 @@ def simulate(compute: np.ndarray, exchange: np.ndarray, *, overlap: bool, conten
     )
 
 
-def plan_features(lengths_per_step: list[np.ndarray], spec: BatchSpec, planner: str) -> np.ndarray:
+def plan_features(lengths_per_step: list[np.ndarray], spec: BatchSpec, planner: str, *,
+                  progress: Callable[[Iterable], Iterable] = iter) -> np.ndarray:
     """Plan every step with ``spec``'s settings and ``planner``; return bin features (K, R, M, 3)."""
     out = np.empty((len(lengths_per_step), spec.ranks, spec.microbatches, 3))
-    for k, lengths in enumerate(lengths_per_step):
+    for k, lengths in progress(list(enumerate(lengths_per_step))):
         p = spec.plan(lengths, method=planner)
         out[k] = bin_features(lengths, p.rank, p.microbatch, spec.ranks, spec.microbatches)
     return out
 
 
 def run_scenarios(lengths_per_step: list[np.ndarray], spec: BatchSpec, timing: Timing, *, sm_contention: float,
-                  ce_contention: float, scenarios=SCENARIOS) -> dict[str, Breakdown]:
-    """Breakdown of each scenario over the same global batches, planned once per planner with ``spec``'s
-    settings (its cost model is the loader's, which may differ from ``timing``'s); ``spec.seed`` also
-    seeds the jitter."""
+                  ce_contention: float, composed: list[np.ndarray] | None = None, scenarios=None,
+                  progress: Callable[[Iterable], Iterable] = iter) -> dict[str, Breakdown]:
+    """Breakdown of each scenario over the same global batches, planned once per planner and steps with
+    ``spec``'s settings (its cost model is the loader's, which may differ from ``timing``'s); ``spec.seed``
+    also seeds the jitter.
+
+    ``lengths_per_step``: the shuffled order's steps; ``composed``: the same samples composed
+    (``compose_steps``), which the ``composed`` scenarios plan. ``scenarios`` defaults to
+    ``ladder(composed is not None)``; ``progress`` wraps each loop over the steps."""
+    if scenarios is None:
+        scenarios = ladder(composed is not None)
+    if composed is None and any(sc.composed for sc in scenarios):
+        raise ValueError("composed scenarios need the composed steps: pass composed=compose_steps(steps, spec)[0], "
+                         "or scenarios=ladder(False)")
+    steps = {False: lengths_per_step, True: composed}
+    if composed is not None and all(np.array_equal(a, b) for a, b in zip(composed, lengths_per_step)):
+        steps[True] = lengths_per_step  # composition moved nothing: each planner plans these steps once
     features = {}
     results = {}
     contention = {"blocking": 0.0, "sm": sm_contention, "ce": ce_contention}
     for sc in scenarios:
-        if sc.planner not in features:
-            features[sc.planner] = plan_features(lengths_per_step, spec, sc.planner)
-        feats = features[sc.planner]
+        key = (sc.planner, id(steps[sc.composed]))
+        if key not in features:
+            features[key] = plan_features(steps[sc.composed], spec, sc.planner, progress=progress)
+        feats = features[key]
         t = with_jitter(compute_seconds(feats, timing), timing.jitter_s, spec.seed)
         results[sc.name] = simulate(t, exchange_seconds(feats, timing), overlap=sc.overlap,
                                     contention=contention[sc.transport])

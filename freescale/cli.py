@@ -13,6 +13,7 @@ import sys
 from analysis.workloads import DISTRIBUTIONS
 from balancer import available_methods
 from freescale import __version__, datasets, demo, planning, report, simulate
+from loader.spec import DEFAULT_COMPOSE_WINDOW
 from trainer import command
 
 
@@ -177,7 +178,9 @@ def _simulate(sub) -> None:
                    help="compute slowdown while NCCL overlaps it (default: 0.10)")
     p.add_argument("--ce-contention", type=float, default=0.02,
                    help="compute slowdown while copy engines overlap it (default: 0.02)")
-    p.add_argument("--steps", type=int, default=4, help="global batches per rank count (default: 4)")
+    p.add_argument("--steps", type=int, default=DEFAULT_COMPOSE_WINDOW,
+                   help="global batches per rank count (default: %(default)s, one composition window)")
+    add_compose_flags(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--calibrate", help="trainer --metrics-out JSONL: fit compute and exchange times to it")
     p.add_argument("--json-out", help="write every number as JSON here")
@@ -201,6 +204,15 @@ def add_plan_flags(p: argparse.ArgumentParser, *, ranks: int = 8, microbatches: 
                    help="the loader's max_seq_len: longer histories keep their most recent events")
     p.add_argument("--drop-last", action="store_true",
                    help="the loader's drop_last: leave out the last short step (its rows counted as skipped)")
+    add_compose_flags(p)
+
+
+def add_compose_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-compose", action="store_true",
+                   help="the loader's compose=False: steps keep the plain shuffled order's samples (to compare)")
+    p.add_argument("--compose-window", type=int, default=DEFAULT_COMPOSE_WINDOW,
+                   help="the loader's compose_window: consecutive steps whose samples are composed into steps "
+                        "together (default %(default)s)")
 
 
 def add_layout_flags(parser: argparse.ArgumentParser) -> None:

@@ -1,14 +1,17 @@
 """``freescale demo``: the main job on the embedded default, over the bundled MovieLens sample.
 
-Convert the bundled ratings into the data contract, plan every step of the loader's epoch with
-``balanced`` and each reference planner and print the balance table; write the offline report of that
+Convert the bundled ratings into the data contract, plan every step of the loader's epoch (composed across
+windows of ``--compose-window`` steps) with ``balanced`` and each reference planner (``naive``: the plain
+shuffled order's steps) and print the balance table; write the offline report of that
 epoch (report.html and report.json, ``--report-out``) and print its verdict; then stream the epoch through
 ``loader.SequenceLoader`` on a local Ray (reader actors, coordinator, per-rank queues) and report
 what every rank received and the balance of the delivered plan. While it streams, the progress bar shows a
 live status: rows per second and the slowest rank (the one with the most messages waiting in its queue,
 ``loader.stats.slowest_rank``), how long it waited for its messages and how full its queue is.
 
-The verdict's GPU-hours use a stated calibration: with the default cost (L²), one cost unit is the attention
+The verdict says the lockstep bubble of ``naive`` and ``balanced`` per step, as a share of the epoch's GPU time,
+and in GPU-hours lost per million histories; and how far composition moved samples. Its GPU-hours use a
+stated calibration: with the default cost (L²), one cost unit is the attention
 FLOPs per token pair of an HSTU of 4 layers, d_model 256 (``CostModel.for_transformer``), at 200 TFLOP/s (an
 H100, ``freescale simulate``'s default); with ``--cost-model``, its coefficients are seconds.
 """
@@ -24,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from freescale.planning import evaluate_args, format_table, loader_arguments
+from freescale.planning import composition_text, evaluate_args, format_table, loader_arguments
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
         epoch = epoch_lengths(out, config)
         print(f"planning the loader's {len(epoch.steps)} steps of {args.samples_per_step} histories onto "
               f"{args.ranks} ranks x {args.microbatches} microbatches (cost = L^2)")
-        evaluated = evaluate_args(epoch.steps, config, args)
+        evaluated = evaluate_args(epoch, config, args)
         print(format_table(evaluated))
         _report(out, config, epoch, evaluated, args)
         _ingest(out, len(epoch.lengths), args)
@@ -71,12 +74,30 @@ def _report(data: Path, config, epoch, evaluated: dict, args: argparse.Namespace
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
     (out / "report.html").write_text(render_html(report))
-    bubble = {m: float(np.mean(report["bubble_fraction"][m])) for m in ("naive", "balanced")}
-    hours = report["gpu_hours_lost"]
     print(f"report: {(out / 'report.html').resolve()}")
-    print(f"verdict: lockstep bubble {bubble['naive']:.3f} naive -> {bubble['balanced']:.3f} balanced; "
-          f"{hours['naive'] - hours['balanced']:.3g} GPU-hours saved per epoch of these {report['histories']} "
-          f"histories on {args.ranks} GPUs ({stated})")
+    print(verdict(report, stated, args.ranks, composition_text(config.compose, config.compose_window,
+                                                               report["moved_steps"])))
+
+
+def verdict(report: dict, stated: str, gpus: int, composed: str) -> str:
+    """The demo's verdict on ``report`` (``naive`` against ``balanced``): the mean per-step lockstep bubble, the
+    bubble's share of the epoch's GPU time, the GPU-hours it costs per million histories at the ``stated``
+    calibration, and how the steps were composed (``composed``: ``composition_text``)."""
+    methods = ("naive", "balanced")
+    bubble = {m: float(np.mean(report["bubble_fraction"][m])) for m in methods}
+    share = report["epoch_bubble_fraction"]
+    per_million = {m: report["gpu_hours_lost"][m] / max(report["histories"], 1) * 1e6 for m in methods}
+    return (f"verdict: lockstep bubble {bubble['naive']:.4f} naive (the shuffled order's steps) -> "
+            f"{bubble['balanced']:.4f} balanced (the loader's steps), mean per step\n"
+            f"  = {_percent(share['naive'])} -> {_percent(share['balanced'])} of the epoch's GPU time, "
+            f"{per_million['naive']:.3g} -> {per_million['balanced']:.3g} GPU-hours lost per million histories\n"
+            f"  at the stated calibration: {gpus} GPUs, {stated}\n"
+            f"  steps {composed}")
+
+
+def _percent(fraction: float) -> str:
+    """``fraction`` as a percentage with three significant digits: 0.598 -> "59.8%", 2.3e-05 -> "0.0023%"."""
+    return f"{fraction * 100:.3g}%"
 
 
 STATUS_EVERY_S = 1.0

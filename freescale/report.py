@@ -1,9 +1,10 @@
 """``freescale report``: an offline balancing-quality report of a dataset, as report.html and report.json.
 
 The steps are the loader's own: the dataset is read through the loader's stages (``loader.lengths``:
-its epoch order, shuffle window, skipped rows, truncation to --max-seq-len, --drop-last), so a
-``SequenceLoader`` built with the same arguments delivers exactly these batches. Every step is planned
-with ``balanced`` and each reference planner; a self-contained page (inline SVG, no external resources)
+its epoch order, shuffle window, skipped rows, truncation to --max-seq-len, --drop-last, and steps composed
+across windows of --compose-window steps unless --no-compose), so a ``SequenceLoader`` built with the same
+arguments delivers exactly these batches. Every step is planned with ``balanced`` and each reference planner
+(``naive`` plans the plain shuffled order's steps instead: what a DistributedSampler gives); a self-contained page (inline SVG, no external resources)
 and a JSON file holding every number the page shows are written. See ``docs/report.md``.
 """
 
@@ -48,8 +49,8 @@ def make_report(data, config, *, methods, seconds_per_cost: float | None = None,
     read, plan = (bar("reading row groups", "block"), bar("planning steps", "step")) if progress else (quiet, quiet)
     if epoch is None:
         epoch = epoch_lengths(data, config, progress=read)
-    report = build_report(epoch.steps, config, methods, seconds_per_cost=seconds_per_cost, progress=plan,
-                          evaluated=evaluated)
+    report = build_report(epoch.steps, config, methods, shuffled=epoch.shuffled, moved=epoch.moved,
+                          seconds_per_cost=seconds_per_cost, progress=plan, evaluated=evaluated)
     report["config"].update(shuffle=config.shuffle, shuffle_window=config.window, max_seq_len=config.max_seq_len,
                             drop_last=config.drop_last)
     counts = epoch.counts
@@ -60,7 +61,7 @@ def make_report(data, config, *, methods, seconds_per_cost: float | None = None,
 
 
 def run(args: argparse.Namespace) -> int:
-    from freescale.planning import loader_arguments
+    from freescale.planning import loader_arguments, steps_text
     from freescale.report_html import render_html
     from loader.config import LoaderConfig
 
@@ -74,8 +75,9 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
     (out / "report.html").write_text(render_html(report))
+    composed = steps_text(config.compose, config.compose_window, report["moved_steps"])
     print(f"{args.data}: {report['histories']} histories, {report['steps']} steps of {args.samples_per_step} onto "
-          f"{args.ranks} ranks x {args.microbatches} microbatches (the loader's steps"
+          f"{args.ranks} ranks x {args.microbatches} microbatches (the loader's steps, {composed}"
           + (f"; skipped {report['dataset']['skipped']}" if report["dataset"]["skipped"] else "")
           + f"); wrote {out / 'report.html'} and {out / 'report.json'}")
     return 0

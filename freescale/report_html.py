@@ -1,13 +1,15 @@
 """report.json as one self-contained HTML page: inline SVG plots, inline CSS, no scripts, no external files.
 
-Each plot is a ``<figure id="plot-...">`` holding one ``<svg>``: the length histogram, the per-step
-lockstep bubble, the worst step's (rank, microbatch) heatmaps, the max/mean CDF, and the GPU-hours lost.
-Points carry ``<title>`` tooltips with their values.
+Each plot is a ``<figure id="plot-...">`` holding one ``<svg>``: the length histogram, how far composition
+moved samples, the per-step lockstep bubble, the worst step's (rank, microbatch) heatmaps, the max/mean CDF,
+and the GPU-hours lost. Points carry ``<title>`` tooltips with their values.
 """
 
 from __future__ import annotations
 
 import html
+
+from freescale.planning import steps_text
 
 COLORS = {"balanced": "#1b9e77", "naive": "#d95f02", "zigzag": "#7570b3", "kk": "#e7298a", "lpt": "#66a61e"}
 W, H = 640, 300  # plot size in px
@@ -26,11 +28,12 @@ def render_html(report: dict) -> str:
     head = (f"<p>{report['histories']} histories, {report['tokens']} events; {report['steps']} steps of "
             f"{cfg['samples_per_step']} onto {cfg['ranks']} ranks &times; {cfg['microbatches']} microbatches; "
             f"cost model {esc(_cost_text(cfg['cost_model']))}; seed {cfg['seed']}"
-            f"{'' if cfg['shuffle'] else ' (file order)'}; the loader's steps"
+            f"{'' if cfg['shuffle'] else ' (file order)'}; the loader's steps, "
+            f"{esc(steps_text(cfg['compose'], cfg['compose_window'], report['moved_steps']))}"
             f"{_skips_text(report.get('dataset', {}), cfg)}.</p>")
     body = [f"<h1>{esc(title)}</h1>", head, _summary_table(report), _histogram(report["histogram"]),
-            _bubble_plot(report["bubble_fraction"]), _heatmaps(report["worst_step"]), _cdf_plot(report["cdf"]),
-            _gpu_hours(report)]
+            _moved_plot(report["moved_steps"], cfg), _bubble_plot(report["bubble_fraction"]),
+            _heatmaps(report["worst_step"]), _cdf_plot(report["cdf"]), _gpu_hours(report)]
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{esc(title)}</title><style>{STYLE}</style></head><body>\n" + "\n".join(body)
             + "\n</body></html>\n")
@@ -53,16 +56,21 @@ def _cost_text(cost_model: dict | None) -> str:
 
 
 def _summary_table(report: dict) -> str:
-    hours = report["gpu_hours_lost"]
+    hours, share = report["gpu_hours_lost"], report["epoch_bubble_fraction"]
     rows = []
     for m, bubbles in report["bubble_fraction"].items():
         ratio = report["max_over_mean"][m]
         mean_b = sum(bubbles) / len(bubbles) if bubbles else 0.0
         rows.append(f"<tr><td>{m}</td><td>{mean_b:.4f}</td><td>{max(bubbles, default=0.0):.4f}</td>"
-                    f"<td>{(sum(ratio) / len(ratio) if ratio else 1.0):.4f}</td>"
+                    f"<td>{share[m]:.2%}</td><td>{(sum(ratio) / len(ratio) if ratio else 1.0):.4f}</td>"
                     f"<td>{'&ndash;' if hours is None else f'{hours[m]:.4g}'}</td></tr>")
-    return ("<table><tr><th>method</th><th>bubble mean</th><th>bubble worst</th><th>max/mean mean</th>"
-            "<th>GPU-hours lost / epoch</th></tr>" + "".join(rows) + "</table>")
+    steps = ("<code>naive</code> plans the plain shuffled order's steps (what a DistributedSampler gives), the "
+             "others the loader's composed steps." if report["config"]["compose"] else
+             "Every method plans the same steps: the plain shuffled order's (composition off).")
+    return ("<table><tr><th>method</th><th>bubble mean</th><th>bubble worst</th><th>share of GPU time</th>"
+            "<th>max/mean mean</th><th>GPU-hours lost / epoch</th></tr>" + "".join(rows) + "</table>"
+            f'<p class="note">{steps} Share of GPU time: the epoch\'s lockstep idle time over its GPU time, '
+            "R &Sigma;<sub>steps</sub> &Sigma;<sub>j</sub> max<sub>r</sub> C[r,j].</p>")
 
 
 def _figure(plot_id: str, svg: str, caption: str) -> str:
@@ -101,19 +109,37 @@ def _legend(methods) -> str:
     return f"<div>{items}</div>"
 
 
-def _histogram(hist: dict) -> str:
-    edges, counts = hist["edges"], hist["counts"]
+def _bar_chart(counts: list[int], labels: list[str], titles: list[str], xlabel: str, ylabel: str) -> str:
+    """One bar per count, ``labels[i]`` at its left edge (about 12 shown), ``titles[i]`` its tooltip."""
     top = max(counts, default=0) or 1
     to_y = _scale(0, top, H - PAD_B, PAD_T)
     width = (W - PAD_L - PAD_R) / len(counts)
     bars = [f'<rect x="{PAD_L + i * width + 1:.1f}" y="{to_y(c):.1f}" width="{max(width - 2, 1):.1f}" '
-            f'height="{to_y(0) - to_y(c):.1f}" fill="#4a78b0"><title>[{edges[i]}, {edges[i + 1]}): {c}</title></rect>'
+            f'height="{to_y(0) - to_y(c):.1f}" fill="#4a78b0"><title>{titles[i]}: {c}</title></rect>'
             for i, c in enumerate(counts)]
-    step = max(1, len(edges) // 12)
-    xticks = [(PAD_L + i * width, str(edges[i])) for i in range(0, len(edges), step)]
-    svg = _svg(bars + _axes("history length (log2 bins [2^k, 2^(k+1)))", "histories",
-                            _ticks(0, top, to_y, fmt="{:.0f}"), xticks))
+    step = max(1, len(labels) // 12)
+    xticks = [(PAD_L + i * width, labels[i]) for i in range(0, len(labels), step)]
+    return _svg(bars + _axes(xlabel, ylabel, _ticks(0, top, to_y, fmt="{:.0f}"), xticks))
+
+
+def _histogram(hist: dict) -> str:
+    edges, counts = hist["edges"], hist["counts"]
+    svg = _bar_chart(counts, [str(e) for e in edges], [f"[{lo}, {hi})" for lo, hi in zip(edges, edges[1:])],
+                     "history length (log2 bins [2^k, 2^(k+1)))", "histories")
     return _figure("histogram", svg, "Length histogram: histories per power-of-two length bin.")
+
+
+def _moved_plot(moved: dict, cfg: dict) -> str:
+    counts = moved["counts"]
+    svg = _bar_chart(counts, [str(d) for d in range(len(counts))], [f"moved {d} steps" for d in range(len(counts))],
+                     "steps moved from the shuffled order's step", "histories")
+    if not cfg["compose"]:
+        return _figure("moved", svg, "Steps not composed (<code>--no-compose</code>): every history stays in its "
+                                     "shuffled order's step.")
+    share = 1.0 - counts[0] / max(sum(counts), 1)
+    return _figure("moved", svg, f"How far composition moved histories from their step of the shuffled order, "
+                                 f"within windows of {cfg['compose_window']} steps: {share:.1%} moved; "
+                                 f"mean {moved['mean']:.3f} steps, max {moved['max']}.")
 
 
 def _lines(series: dict[str, list[float]], to_x, to_y, steps: bool = False) -> list[str]:
@@ -174,8 +200,8 @@ def _heatmaps(worst: dict | None) -> str:
                 f'fill="{_heat(v, top)}"><title>{method} rank {r} microbatch {j}: {v:.6g}</title></rect>'
                 for r, row in enumerate(grid) for j, v in enumerate(row)]
     caption = (f"Load C[rank, microbatch] of step {worst['index']} ({worst['samples']} samples), the step with "
-               f"the largest <code>balanced</code> bubble, under balanced and naive; one colour scale "
-               f"(white 0, dark blue {top:.4g}).")
+               f"the largest <code>balanced</code> bubble, under balanced and naive (each its own step at that "
+               f"index: naive the shuffled order's); one colour scale (white 0, dark blue {top:.4g}).")
     return _figure("heatmap", _svg(out), caption)
 
 

@@ -1,9 +1,11 @@
 """``freescale simulate``: project bubble fractions at cluster scale with an event simulation of lockstep steps.
 
 For each rank count, plans the same K global batches with each scenario's planner and simulates
-naive + blocking exchange (a TorchRec-like baseline), + balance, + overlap (prefetch through SMs) and
-+ SM-free (prefetch on copy engines). ``--calibrate trainer.jsonl`` fits compute and exchange times to a
-measured run first. See ``docs/simulator.md``.
+naive + blocking exchange (a TorchRec-like baseline), + balance (per-step plans of the shuffled order's
+steps), + compose (the loader's steps: composed across windows of --compose-window steps, then balanced),
++ overlap (prefetch through SMs) and + SM-free (prefetch on copy engines); --no-compose leaves composition
+out. ``--calibrate trainer.jsonl`` fits compute and exchange times to a measured run first. See
+``docs/simulator.md``.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ DEFAULT_BANDWIDTH_GBPS = 25.0  # per-rank all-to-all bandwidth across nodes (a 2
 
 
 def run(args: argparse.Namespace) -> int:
-    from analysis.simulate import run_scenarios
+    from analysis.report import moved_summary
+    from analysis.simulate import compose_steps, run_scenarios
+    from freescale.planning import bar, composition_text
     from loader.spec import BatchSpec
 
     ranks = _rank_counts(args.ranks)
@@ -30,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     plan_model, timing, calibration = build_timing(args)
     out = {"config": {k: v for k, v in vars(args).items() if k != "func"}, "timing": _timing_dict(timing),
-           "calibration": calibration, "ranks": {}}
+           "calibration": calibration, "ranks": {}, "moved_steps": {}}
     if calibration:
         print(f"calibrated from {args.calibrate}: measured bubble {calibration['measured_bubble']:.3f}, "
               f"compute R^2 {calibration['compute_r2']:.2f}, {calibration['rows']} rank-steps")
@@ -42,12 +46,18 @@ def run(args: argparse.Namespace) -> int:
         per_step = args.samples_per_step or args.samples_per_rank * R
         lengths = step_lengths(args.lengths, per_step, args.steps, max_len=args.max_len, seed=args.seed)
         spec = BatchSpec(ranks=R, microbatches=args.microbatches, samples_per_step=per_step, cost_model=plan_model,
-                         seed=args.seed)
+                         seed=args.seed, compose=not args.no_compose, compose_window=args.compose_window)
+        composed, moved = compose_steps(lengths, spec) if spec.compose else (None, None)
         results = run_scenarios(lengths, spec, timing, sm_contention=args.sm_contention,
-                                ce_contention=args.ce_contention)
+                                ce_contention=args.ce_contention, composed=composed,
+                                progress=bar(f"planning {R} ranks", "step"))
         rows = {name: b.to_dict() for name, b in results.items()}
         out["ranks"][str(R)] = rows
+        if spec.compose:
+            out["moved_steps"][str(R)] = moved_summary(moved)
         print(format_table(R, per_step, args.microbatches, rows))
+        print(f"  steps {composition_text(spec.compose, spec.compose_window, out['moved_steps'].get(str(R)))}"
+              + ("; naive+blocking and +balance plan the shuffled order's" if spec.compose else ""))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(out, indent=2) + "\n")
     return 0

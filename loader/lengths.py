@@ -5,7 +5,12 @@ Runs the loader's own stages in-process, without Ray and without planning: the s
 :func:`loader.read.read_unit` (read on a thread pool a block ahead, :func:`loader.inline.read_blocks`),
 and the epoch order cut into global batches by :class:`loader.pipeline.EpochRun`. A
 ``SequenceLoader`` built with the same source and arguments plans exactly these batches, sample for
-sample in the same batch order: same seed, shuffle, shuffle window, ``max_seq_len``, ``drop_last``.
+sample in the same batch order: same seed, shuffle, shuffle window, ``max_seq_len``, ``drop_last``,
+composition (``compose``, ``compose_window``).
+
+Beside the loader's (composed) steps, the same blocks also feed a second run with ``compose=False``: the
+steps of the plain shuffled order, what a ``DistributedSampler`` over that order gives (``naive``'s steps in
+``freescale plan`` and ``report``). The data is read once.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import os
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -28,10 +33,15 @@ from loader.stats import Counts
 @dataclass
 class EpochLengths:
     """One epoch of the loader's steps: ``steps[k]`` int64 (n_k,) holds step k's sample lengths
-    (after truncation) in batch order; ``counts`` is what the order passed over the epoch (rows
-    delivered, skipped per reason, ``drop_last`` included, rows and events truncated)."""
+    (after truncation) in batch order, ``moved[k]`` int64 (n_k,) how many steps each of them moved from
+    its step of the shuffled order (composition; zeros without it), and ``shuffled[k]`` int64 (n_k,) the
+    lengths of step k of the plain shuffled order (the same steps as ``steps`` without composition).
+    ``counts`` is what the order passed over the epoch (rows delivered, skipped per reason, ``drop_last``
+    included, rows and events truncated)."""
 
     steps: list[np.ndarray]
+    shuffled: list[np.ndarray]
+    moved: list[np.ndarray]
     counts: Counts
     skipped_files: list[str]
 
@@ -59,16 +69,23 @@ def epoch_lengths(
     """
     index = index_source(source, columns=config.contract, skip_corrupt=config.skip_corrupt)
     run = EpochRun(index, config, epoch=epoch)
-    steps: list[np.ndarray] = []
-    counts = Counts()
+    plain = EpochRun(index, replace(config, compose=False), epoch=epoch) if config.compose else None
+    batches: list = []
+    shuffled: list[np.ndarray] = []
     with ThreadPoolExecutor(max_workers=config.num_readers or os.cpu_count() or 1) as pool:
         with closing(read_blocks(run, index, config, pool)) as blocks:
             for block, chunks in progress(blocks, total=len(run.blocks())):
-                for batch in run.batches(block, [c.meta() for c in chunks]):
-                    steps.append(batch.lengths)
-                    counts.add(batch.counts)
-    for batch in run.last_batch():
-        steps.append(batch.lengths)
+                metas = [c.meta() for c in chunks]
+                batches.extend(run.batches(block, metas))
+                if plain is not None:
+                    shuffled.extend(batch.lengths for batch in plain.batches(block, metas))
+    batches.extend(run.last_batch())
+    if plain is not None:
+        shuffled.extend(batch.lengths for batch in plain.last_batch())
+    counts = Counts()
+    for batch in batches:
         counts.add(batch.counts)
     counts.add(run.tail)
-    return EpochLengths(steps, counts, [path for path, _ in index.skipped_files])
+    steps = [batch.lengths for batch in batches]
+    return EpochLengths(steps, shuffled if plain is not None else steps, [batch.moved for batch in batches],
+                        counts, [path for path, _ in index.skipped_files])

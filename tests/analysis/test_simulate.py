@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analysis.simulate import (Timing, calibrate, load_records, measured_bubble, recorded_bins, reproduce,
-                               run_scenarios, simulate)
+from analysis.simulate import (SCENARIOS, Timing, calibrate, compose_steps, ladder, load_records, measured_bubble,
+                               recorded_bins, reproduce, run_scenarios, simulate)
 from balancer.cost import CostModel
 from analysis.workloads import sample_lengths
 from freescale.cli import main
@@ -48,20 +48,63 @@ def test_scenarios_order_balance_overlap_and_sm_free_at_1024_ranks():
     timing = Timing(model, 1 / 200e12, 0.0, 1024.0, 25e9, 30e-6)
     out = run_scenarios(lengths, BatchSpec(ranks=R, microbatches=M, samples_per_step=G, cost_model=model), timing,
                         sm_contention=0.1, ce_contention=0.02)
+    assert list(out) == [sc.name for sc in ladder(False)]  # no composed steps given: the shuffled order's
     naive, balance, overlap, sm_free = (out[k].to_dict() for k in ("naive+blocking", "+balance", "+overlap", "+sm-free"))
     assert balance["straggler"] < 0.5 * naive["straggler"]
     assert overlap["exposed"] < balance["exposed"] and overlap["step_s"] < balance["step_s"] < naive["step_s"]
     assert sm_free["contention"] < overlap["contention"] and sm_free["step_s"] <= overlap["step_s"]
 
 
+def test_compose_steps_regroups_each_window_as_the_loader_does():
+    spec = BatchSpec(ranks=8, microbatches=2, samples_per_step=64, compose_window=4)
+    steps = list(sample_lengths("pareto", 64 * 10, max_len=20_000, seed=1).reshape(10, 64)) + [np.arange(1, 9)]
+    composed, moved = compose_steps(steps, spec)
+    assert [len(s) for s in composed] == [len(m) for m in moved] == [len(s) for s in steps]
+    for start in (0, 4, 8):  # windows of 4 steps, the last one shorter (3 steps, one of them short)
+        window = steps[start:start + 4]
+        expected = spec.composition(np.concatenate(window), np.array([len(s) for s in window]))
+        lengths = np.concatenate(window)
+        for k, members in enumerate(expected.members()):
+            np.testing.assert_array_equal(composed[start + k], lengths[members])
+            np.testing.assert_array_equal(moved[start + k], expected.moved()[members])
+    assert 0 < max(m.max() for m in moved) < 4
+
+
+def test_composition_removes_the_bubble_that_per_step_plans_keep_on_a_heavy_tail():
+    spec = BatchSpec(ranks=64, microbatches=4, samples_per_step=512)
+    steps = list(sample_lengths("zipf", 512 * 16, max_len=2000, seed=0).reshape(16, 512))
+    model = CostModel(1.0, 0.0, 0.0)
+    composed, _ = compose_steps(steps, spec)
+    out = run_scenarios(steps, spec, Timing(model, 1e-12), sm_contention=0.1, ce_contention=0.02, composed=composed)
+    assert list(out) == [sc.name for sc in SCENARIOS]
+    assert out["+compose"].to_dict()["straggler"] < 0.5 * out["+balance"].to_dict()["straggler"]
+    uncomposed = run_scenarios(steps, spec, Timing(model, 1e-12), sm_contention=0.1, ce_contention=0.02)
+    assert list(uncomposed) == [sc.name for sc in ladder(False)] and "+compose" not in uncomposed
+    assert uncomposed["+balance"].to_dict() == out["+balance"].to_dict()
+    with pytest.raises(ValueError, match="pass composed=compose_steps"):
+        run_scenarios(steps, spec, Timing(model), sm_contention=0.1, ce_contention=0.02, scenarios=SCENARIOS)
+
+
 def test_cli_prints_every_scenario_and_writes_json(tmp_path, capsys):
     out = tmp_path / "sim.json"
     assert main(["simulate", "--ranks", "8,64", "--microbatches", "4", "--steps", "2", "--json-out", str(out)]) == 0
     text = capsys.readouterr().out
-    for name in ("naive+blocking", "+balance", "+overlap", "+sm-free", "ranks=64"):
+    for name in ("naive+blocking", "+balance", "+compose", "+overlap", "+sm-free", "ranks=64"):
         assert name in text
     data = json.loads(out.read_text())
     assert set(data["ranks"]) == {"8", "64"} and 0 <= data["ranks"]["64"]["+balance"]["total"] < 1
+    moved = data["moved_steps"]["64"]
+    assert sum(moved["counts"]) == 2 * 64 * 32 and moved["max"] <= 1  # two steps: at most one step away
+    assert (f"steps composed across windows of 16 steps: samples moved {moved['mean']:.2f} steps on average, at most "
+            f"{moved['max']}; naive+blocking and +balance plan the shuffled order's") in text
+
+    assert main(["simulate", "--ranks", "8", "--microbatches", "4", "--steps", "2", "--no-compose",
+                 "--json-out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "+compose" not in text and "steps not composed: the plain shuffled order's" in text
+    data = json.loads(out.read_text())
+    assert list(data["ranks"]["8"]) == ["naive+blocking", "+balance", "+overlap", "+sm-free"]
+    assert data["moved_steps"] == {}
 
 
 def test_cli_errors_name_the_value(capsys):
@@ -69,6 +112,8 @@ def test_cli_errors_name_the_value(capsys):
     assert "--ranks must be comma-separated positive integers, got '8,x'" in capsys.readouterr().err
     assert main(["simulate", "--calibrate", "/nonexistent.jsonl"]) == 2
     assert "trainer metrics JSONL not found" in capsys.readouterr().err
+    assert main(["simulate", "--ranks", "8", "--compose-window", "0"]) == 2
+    assert "compose_window must be a positive integer, got 0" in capsys.readouterr().err
     with pytest.raises(ValueError, match="calibration needs at least 4 rank-steps"):
         calibrate([], microbatches=2)
 

@@ -3,6 +3,7 @@
 import json
 import re
 
+import numpy as np
 import pytest
 
 from freescale.cli import main
@@ -18,10 +19,38 @@ def test_plan_prints_every_method(tmp_path, capsys):
                  "--samples-per-step", "100", "--json-out", str(out_json)]) == 0
     text = capsys.readouterr().out
     assert "300 histories" in text and "3 steps of 100" in text
+    assert re.search(r"composed across windows of 16 steps: samples moved [0-9.]+ steps on average, at most \d+; "
+                     r"naive plans the plain shuffled order's", text)
     for method in ("balanced", "naive", "zigzag", "kk", "lpt"):
         assert method in text
     summary = json.loads(out_json.read_text())
     assert summary["balanced"]["max"]["max_over_lower_bound"] <= summary["lpt"]["max"]["max_over_lower_bound"]
+
+
+def test_plan_compose_flags_reach_the_loader(tmp_path, capsys):
+    """--compose-window and --no-compose shape the loader's steps, which every method but naive plans; naive
+    plans the plain shuffled order's steps either way."""
+    data = tmp_path / "data"
+    write_synthetic(data, users=600, lengths="zipf", max_len=2000, seed=3, files=2)
+    flags = ["--ranks", "4", "--microbatches", "2", "--samples-per-step", "64", "--methods", "balanced,naive"]
+    summaries = {}
+    for name, extra in {"window-4": ["--compose-window", "4"], "off": ["--no-compose"]}.items():
+        assert main(["plan", str(data), *flags, *extra, "--json-out", str(tmp_path / f"{name}.json")]) == 0
+        summaries[name] = json.loads((tmp_path / f"{name}.json").read_text())
+        text = capsys.readouterr().out
+        config = LoaderConfig(ranks=4, microbatches=2, samples_per_step=64, compose=name != "off", compose_window=4)
+        moved = np.concatenate(epoch_lengths(data, config).moved)
+        if name == "off":
+            assert "(the loader's steps, not composed: the plain shuffled order's)" in text and moved.max() == 0
+        else:
+            assert 0 < moved.max() < 4  # within windows of 4 steps
+            assert (f"composed across windows of 4 steps: samples moved {moved.mean():.2f} steps on average, at most "
+                    f"{moved.max()}; naive plans the plain shuffled order's") in text
+    def untimed(summary: dict) -> dict:
+        return {key: {k: v for k, v in values.items() if k != "ms"} for key, values in summary.items()}
+
+    assert untimed(summaries["window-4"]["naive"]) == untimed(summaries["off"]["naive"])
+    assert summaries["window-4"]["balanced"]["mean"]["bubble_fraction"] < summaries["off"]["balanced"]["mean"]["bubble_fraction"]
 
 
 def test_plan_errors_name_file_and_column(tmp_path, capsys):
@@ -54,6 +83,24 @@ def test_epoch_lengths_counts_skipped_rows_per_reason(tmp_path):
     assert dropped.skipped()["drop_last"] == 1 and dropped.counts.truncated_rows == 0
 
 
+def test_epoch_lengths_holds_the_shuffled_order_and_how_far_samples_moved(tmp_path):
+    write_synthetic(tmp_path / "data", users=700, lengths="zipf", max_len=2000, seed=3, files=3)
+    config = LoaderConfig(ranks=4, microbatches=2, samples_per_step=64, seed=1, compose_window=4, shuffle_window=200)
+    epoch = epoch_lengths(tmp_path / "data", config)
+    plain = epoch_lengths(tmp_path / "data", LoaderConfig(ranks=4, microbatches=2, samples_per_step=64, seed=1,
+                                                          compose=False, shuffle_window=200))
+    assert [s.tolist() for s in epoch.shuffled] == [s.tolist() for s in plain.steps]  # the plain shuffled order
+    assert plain.shuffled is plain.steps and all(not m.any() for m in plain.moved)
+    assert [len(m) for m in epoch.moved] == [len(s) for s in epoch.steps] == [len(s) for s in plain.steps]
+    moved = np.concatenate(epoch.moved)
+    assert 0 < moved.max() < 4 and epoch.counts == plain.counts
+    for start in range(0, len(epoch.steps), 4):  # each window holds the same samples, composed differently
+        window = slice(start, start + 4)
+        np.testing.assert_array_equal(np.sort(np.concatenate(epoch.steps[window])),
+                                      np.sort(np.concatenate(plain.steps[window])))
+    assert any(not np.array_equal(a, b) for a, b in zip(epoch.steps, plain.steps))
+
+
 def test_demo_runs_on_bundled_movielens(capsys, tmp_path):
     assert main(["demo", "--report-out", str(tmp_path / "report")]) == 0
     text, err = capsys.readouterr()
@@ -65,7 +112,14 @@ def test_demo_runs_on_bundled_movielens(capsys, tmp_path):
     assert (tmp_path / "report" / "report.html").read_text().startswith("<!DOCTYPE html>")
     assert f"report: {(tmp_path / 'report' / 'report.html').resolve()}" in text
     naive, balanced = (sum(report["bubble_fraction"][m]) / report["steps"] for m in ("naive", "balanced"))
-    saved = report["gpu_hours_lost"]["naive"] - report["gpu_hours_lost"]["balanced"]
-    assert balanced < naive and saved > 0
-    assert (f"verdict: lockstep bubble {naive:.3f} naive -> {balanced:.3f} balanced; {saved:.3g} GPU-hours saved "
-            "per epoch of these 610 histories on 4 GPUs (an HSTU of 4 layers, d_model 256, at 200 TFLOP/s)") in text
+    share = report["epoch_bubble_fraction"]
+    per_million = {m: report["gpu_hours_lost"][m] / 610 * 1e6 for m in ("naive", "balanced")}
+    assert balanced < naive and share["balanced"] < share["naive"] and per_million["balanced"] < per_million["naive"]
+    moved = report["moved_steps"]
+    assert (f"verdict: lockstep bubble {naive:.4f} naive (the shuffled order's steps) -> {balanced:.4f} balanced "
+            "(the loader's steps), mean per step\n"
+            f"  = {share['naive'] * 100:.3g}% -> {share['balanced'] * 100:.3g}% of the epoch's GPU time, "
+            f"{per_million['naive']:.3g} -> {per_million['balanced']:.3g} GPU-hours lost per million histories\n"
+            "  at the stated calibration: 4 GPUs, an HSTU of 4 layers, d_model 256, at 200 TFLOP/s\n"
+            f"  steps composed across windows of 16 steps: samples moved {moved['mean']:.2f} steps on average, at most "
+            f"{moved['max']}") in text

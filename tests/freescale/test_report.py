@@ -1,6 +1,7 @@
 """``freescale report``: report.json against a direct recomputation with ``balancer.plan``, the page is
 self-contained, bad inputs name the fix, and headless Chromium renders it without console errors."""
 
+import html
 import json
 import shutil
 import struct
@@ -19,13 +20,13 @@ from analysis.synth import write_synthetic
 
 R, M, G = 4, 2, 128
 METHODS = ("balanced", "naive", "zigzag", "kk", "lpt")
-PLOTS = ("plot-histogram", "plot-bubble", "plot-heatmap", "plot-cdf", "plot-gpu-hours")
+PLOTS = ("plot-histogram", "plot-moved", "plot-bubble", "plot-heatmap", "plot-cdf", "plot-gpu-hours")
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     out = tmp_path_factory.mktemp("report") / "data"
-    write_synthetic(out, users=600, lengths="lognormal", max_len=2000, seed=3, files=3)
+    write_synthetic(out, users=600, lengths="pareto", max_len=2000, seed=3, files=3)  # heavy: steps composed
     return out
 
 
@@ -42,8 +43,10 @@ def test_json_matches_direct_recomputation(data, tmp_path):
     steps, lengths = epoch.steps, epoch.lengths  # the loader's steps (tests/freescale/test_report_loader.py)
     assert report["steps"] == len(steps) == 5 and report["histories"] == 600
     assert sorted(report["config"]["methods"]) == sorted(METHODS)
+    assert report["config"]["compose"] is True and report["config"]["compose_window"] == 16
 
-    plans = {m: [plan(b, ranks=R, microbatches=M, method=m, seed=5) for b in steps] for m in METHODS}
+    plans = {m: [plan(b, ranks=R, microbatches=M, method=m, seed=5)  # naive: the shuffled order's steps
+                 for b in (epoch.shuffled if m == "naive" else steps)] for m in METHODS}
     for m in METHODS:
         np.testing.assert_allclose(report["bubble_fraction"][m], [p.metrics["bubble_fraction"] for p in plans[m]])
         ratios = [p.metrics["max_over_mean"] for p in plans[m]]
@@ -54,6 +57,7 @@ def test_json_matches_direct_recomputation(data, tmp_path):
         # lost time over the epoch's GPU time is the time-weighted lockstep bubble
         busy = sum(R * p.loads.max(axis=0).sum() for p in plans[m])
         assert lost / busy <= max(p.metrics["bubble_fraction"] for p in plans[m]) + 1e-12
+        assert report["epoch_bubble_fraction"][m] == pytest.approx(lost / busy, rel=1e-12)
     assert report["gpu_hours_lost"]["balanced"] < report["gpu_hours_lost"]["naive"]
 
     worst = int(np.argmax([p.metrics["bubble_fraction"] for p in plans["balanced"]]))
@@ -62,10 +66,37 @@ def test_json_matches_direct_recomputation(data, tmp_path):
         np.testing.assert_allclose(report["worst_step"]["loads"][m], plans[m][worst].loads)
         assert np.asarray(report["worst_step"]["loads"][m]).shape == (R, M)
 
+    moved = np.concatenate(epoch.moved)
+    assert report["moved_steps"] == {"mean": pytest.approx(moved.mean()), "max": int(moved.max()),
+                                     "counts": np.bincount(moved).tolist()}
+    assert moved.max() > 0  # composition moved samples: the naive and balanced steps differ
+
     hist = report["histogram"]
     assert sum(hist["counts"]) == len(lengths)
     expected = [int(np.sum((lengths >= lo) & (lengths < hi))) for lo, hi in zip(hist["edges"], hist["edges"][1:])]
     assert hist["counts"] == expected and hist["edges"][-1] > lengths.max()
+
+
+def test_no_compose_plans_every_method_on_the_shuffled_order(data, tmp_path):
+    report, page = _report(data, tmp_path, "--seed", "5", "--no-compose", "--methods", "balanced,naive")
+    epoch = epoch_lengths(data, LoaderConfig(ranks=R, microbatches=M, samples_per_step=G, seed=5, compose=False))
+    assert report["config"]["compose"] is False
+    assert report["moved_steps"] == {"mean": 0.0, "max": 0, "counts": [600]}
+    assert report["planned_tokens"]["naive"] == report["planned_tokens"]["balanced"] == [
+        int(s.sum()) for s in epoch.steps]
+    assert "not composed: the plain shuffled order's" in html.unescape(page) and "--no-compose" in page
+    composed, _ = _report(data, tmp_path / "composed", "--seed", "5", "--methods", "balanced,naive")
+    assert composed["planned_tokens"]["naive"] == report["planned_tokens"]["naive"]  # naive: shuffled either way
+    assert composed["planned_tokens"]["balanced"] != report["planned_tokens"]["balanced"]
+
+
+def test_compose_window_flag_reaches_the_loader(data, tmp_path):
+    report, page = _report(data, tmp_path, "--seed", "5", "--compose-window", "2", "--methods", "balanced,naive")
+    epoch = epoch_lengths(data, LoaderConfig(ranks=R, microbatches=M, samples_per_step=G, seed=5, compose_window=2))
+    assert report["config"]["compose_window"] == 2
+    assert report["planned_tokens"]["balanced"] == [int(s.sum()) for s in epoch.steps]
+    assert report["moved_steps"]["max"] == max(int(m.max()) for m in epoch.moved) <= 1  # within windows of 2
+    assert "within windows of 2 steps" in page
 
 
 def test_cost_model_file_is_in_seconds(data, tmp_path):
@@ -75,7 +106,7 @@ def test_cost_model_file_is_in_seconds(data, tmp_path):
                            "balanced,naive")
     assert report["config"]["seconds_per_cost"] == 1.0 and report["config"]["cost_model"]["linear"] == 1e-6
     lost = 0.0
-    for batch in epoch_lengths(data, LoaderConfig(ranks=R, microbatches=M, samples_per_step=G)).steps:
+    for batch in epoch_lengths(data, LoaderConfig(ranks=R, microbatches=M, samples_per_step=G)).shuffled:
         loads = plan(batch, ranks=R, microbatches=M, method="naive", cost_model=model).loads
         lost += R * loads.max(axis=0).sum() - loads.sum()
     assert report["gpu_hours_lost"]["naive"] == pytest.approx(lost / 3600, rel=1e-12)
@@ -113,6 +144,7 @@ def test_large_grid_is_fine(data, tmp_path):
     (["--seconds-per-cost", "-1"], "--seconds-per-cost must be a positive number"),
     (["--methods", "naive,lpt"], "must include 'balanced'"),
     (["--methods", "balanced,best"], "best"),
+    (["--compose-window", "0"], "compose_window must be a positive integer, got 0"),
 ])
 def test_bad_flags_name_the_value(data, tmp_path, capsys, args, message):
     assert main(["report", str(data), "--out", str(tmp_path), *args]) == 2

@@ -1,5 +1,7 @@
 """``freescale report`` plans the loader's real steps (issue 17): report.json's per-step values equal
-those recomputed from what ``SequenceLoader(..., backend="inline")`` delivers with the same arguments.
+those recomputed from what ``SequenceLoader(..., backend="inline")`` delivers with the same arguments. With
+composition on (the default, issue 25), every method but ``naive`` plans the loader's composed steps and
+``naive`` the plain shuffled order's: what the same loader delivers with ``compose=False``.
 
 The data is built like the issue's: three files, row groups of 400, 170, 333 rows (and others), null and
 empty histories and a null user id among heavy-tailed lengths, so the order, the skips, the truncation,
@@ -16,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import balancer
+from analysis.evaluate import SHUFFLED_METHODS
 from analysis.report import HEATMAP_METHODS
 from freescale.cli import main
 from freescale.report import make_report
@@ -76,6 +79,10 @@ def delivered(data, args: dict):
     return steps, stats
 
 
+def sorted_steps(steps: list[tuple]) -> list[np.ndarray]:
+    return [lengths for _, lengths in steps]
+
+
 def check_report_equals_delivery(data, args: dict, monkeypatch, methods=METHODS) -> dict:
     planned = []  # (method, sorted lengths) of every plan the report makes, in order
     real_plan = balancer.plan
@@ -88,6 +95,8 @@ def check_report_equals_delivery(data, args: dict, monkeypatch, methods=METHODS)
         patch.setattr(balancer, "plan", spy)
         report = make_report(data, LoaderConfig(backend="inline", **args), methods=methods)
     steps, stats = delivered(data, args)
+    shuffled = sorted_steps(delivered(data, {**args, "compose": False})[0])  # what a DistributedSampler gives
+    expected = {m: shuffled if m in SHUFFLED_METHODS else sorted_steps(steps) for m in (*methods, *HEATMAP_METHODS)}
     R = args["ranks"]
 
     assert report["steps"] == len(steps) == stats["steps"] > 0
@@ -97,6 +106,9 @@ def check_report_equals_delivery(data, args: dict, monkeypatch, methods=METHODS)
     assert report["dataset"]["rows_read"] == stats["rows_read"]
     assert report["dataset"]["rows_truncated"] == stats["rows_truncated"]
     assert report["dataset"]["events_truncated"] == stats["events_truncated"]
+    assert report["moved_steps"]["mean"] == pytest.approx(stats["moved_steps"]["mean"], abs=1e-12)
+    assert report["moved_steps"]["max"] == stats["moved_steps"]["max"]
+    assert sum(report["moved_steps"]["counts"]) == report["histories"]
     for k, (loads, _) in enumerate(steps):  # balanced, recomputed from the delivered microbatches' costs
         bubble = 1.0 - loads.sum() / R / loads.max(axis=0).sum()
         assert report["bubble_fraction"]["balanced"][k] == pytest.approx(bubble, abs=1e-9), k
@@ -104,17 +116,21 @@ def check_report_equals_delivery(data, args: dict, monkeypatch, methods=METHODS)
     assert report["lost_cost_units"]["balanced"] == pytest.approx(
         sum(R * loads.max(axis=0).sum() - loads.sum() for loads, _ in steps), rel=1e-9)
 
-    # every method planned the very batches the loader delivered: same lengths multiset, step by step
+    # every method planned the very batches the loader delivered (naive: with compose=False), same lengths
+    # multiset, step by step
     calls = planned[len(methods):]  # after one warm-up plan per method; then the worst step's heatmaps
     assert len(calls) == len(steps) * len(methods) + len(HEATMAP_METHODS)
-    assert [name for name, _ in calls[len(steps) * len(methods):]] == list(HEATMAP_METHODS)
-    for k, (_, lengths) in enumerate(steps):
+    for k in range(len(steps)):
         for i, method in enumerate(methods):
             name, seen = calls[k * len(methods) + i]
             assert name == method
-            np.testing.assert_array_equal(seen, lengths, err_msg=f"step {k}, {method}")
-            assert report["planned_samples"][method][k] == len(lengths)
-            assert report["planned_tokens"][method][k] == int(lengths.sum())
+            np.testing.assert_array_equal(seen, expected[method][k], err_msg=f"step {k}, {method}")
+            assert report["planned_samples"][method][k] == len(expected[method][k])
+            assert report["planned_tokens"][method][k] == int(expected[method][k].sum())
+    worst = report["worst_step"]["index"]
+    for (name, seen), method in zip(calls[len(steps) * len(methods):], HEATMAP_METHODS):
+        assert name == method
+        np.testing.assert_array_equal(seen, expected[method][worst], err_msg=method)
     return report
 
 
@@ -124,6 +140,8 @@ CASES = {  # the issue's call, then order, truncation, windows and drop_last var
     "file-order-truncate": dict(shuffle=False, max_seq_len=300, shuffle_window=450),
     "file-order-drop": dict(shuffle=False, drop_last=True),
     "small-windows": dict(seed=2, max_seq_len=500, shuffle_window=200),
+    "compose-window-3": dict(seed=3, compose_window=3),
+    "no-compose": dict(seed=5, compose=False),
 }
 
 
@@ -135,18 +153,22 @@ def test_report_steps_are_the_loaders(data, monkeypatch, case):
     assert ("drop_last" in report["dataset"]["skipped"]) == args.get("drop_last", False)
     if "max_seq_len" in args:
         assert report["dataset"]["rows_truncated"] > 0
+    # composition moved samples wherever it is on, so the composed steps above are not the shuffled order's
+    assert (report["moved_steps"]["max"] > 0) == args.get("compose", True)
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**31), samples_per_step=st.integers(1, 700), ranks=st.integers(1, 5),
        microbatches=st.integers(1, 4), shuffle=st.booleans(), drop_last=st.booleans(),
-       max_seq_len=st.sampled_from([None, 40, 1000]), shuffle_window=st.sampled_from([None, 1, 500]))
+       max_seq_len=st.sampled_from([None, 40, 1000]), shuffle_window=st.sampled_from([None, 1, 500]),
+       compose=st.booleans(), compose_window=st.sampled_from([1, 2, 16]))
 def test_report_steps_are_the_loaders_for_any_arguments(data, monkeypatch, seed, samples_per_step, ranks,
                                                          microbatches, shuffle, drop_last, max_seq_len,
-                                                         shuffle_window):
+                                                         shuffle_window, compose, compose_window):
     args = dict(ranks=ranks, microbatches=microbatches, samples_per_step=samples_per_step, seed=seed,
-                shuffle=shuffle, drop_last=drop_last, max_seq_len=max_seq_len, shuffle_window=shuffle_window)
-    check_report_equals_delivery(data, args, monkeypatch, methods=("balanced", "lpt"))
+                shuffle=shuffle, drop_last=drop_last, max_seq_len=max_seq_len, shuffle_window=shuffle_window,
+                compose=compose, compose_window=compose_window)
+    check_report_equals_delivery(data, args, monkeypatch, methods=("balanced", "naive", "lpt"))
 
 
 def test_cli_flags_reach_the_loader(data, tmp_path):
