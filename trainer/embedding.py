@@ -133,6 +133,11 @@ class ShardedEmbedding(nn.Module):
         self._touched = torch.zeros(local_rows, dtype=torch.bool, device=device)  # served since the update
         self._touched_next = torch.zeros_like(self._touched)  # served by fetches for after the update
 
+    @property
+    def device(self) -> torch.device:
+        """Where the shard lives (the rank's device): the overlap scheduler makes its stream and events here."""
+        return self.weight.device
+
     def _check_ids(self, ids: Tensor) -> None:
         if ids.dim() != 1 or ids.dtype != torch.int64:
             raise ValueError(f"ids must be a 1-D int64 tensor, got shape {tuple(ids.shape)} dtype {ids.dtype}")

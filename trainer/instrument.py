@@ -21,8 +21,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
+
+from trainer.place import Group
 
 
 @dataclass
@@ -63,13 +64,11 @@ class Collectives:
             self.entries.append(entered)
             self.durations.append(time.perf_counter() - start)
 
-    def settle(self, group=None) -> tuple[float, float]:
-        """(wait seconds, exposed communication seconds) of this step; resets. A collective itself
-        (every rank calls it at the same point: the step's end)."""
+    def settle(self, host: Group) -> tuple[float, float]:
+        """(wait seconds, exposed communication seconds) of this step; resets. A collective itself over the
+        host group (every rank calls it at the same point: the step's end; the times are host values)."""
         entries = torch.tensor(self.entries, dtype=torch.float64)  # (C,) same C on every rank
-        gathered = [torch.empty_like(entries) for _ in range(dist.get_world_size(group))]
-        dist.all_gather(gathered, entries, group=group)
-        latest = torch.stack(gathered).max(dim=0).values  # (C,)
+        latest = torch.stack(host.all_gather(entries)).max(dim=0).values  # (C,)
         durations = torch.tensor(self.durations, dtype=torch.float64)
         wait = torch.minimum((latest - entries).clamp(min=0.0), durations)
         self.entries, self.durations = [], []

@@ -3,7 +3,8 @@
 A step is M microbatches (forward + backward each) and one update (`ShardedEmbedding.step`). While
 microbatch k computes, microbatch k+1's fetch runs on a prefetch thread with its own process group (so its
 collectives never interleave with the gradient all-to-alls of the main thread); on CUDA that thread works on
-a high-priority stream and its group asks NCCL for a high-priority stream too.
+a high-priority stream of the table's device (named, never torch's current device: a new thread's current
+device is cuda:0) and its group asks NCCL for a high-priority stream too.
 
 Only the prefetch of the next step's first microbatch crosses an update. Its rows are split by their OWNER,
 the only rank that knows every requester: a row served to any rank since the owner's last update may get a
@@ -46,18 +47,20 @@ class StepStats:
 class OverlapScheduler:
     """Runs steps of microbatches through `embedding`, prefetching when `overlap` is on.
 
-    prefetch_exchange: the prefetch thread's exchange over its own process group (`trainer.transport.make_exchange(
-    transport, prefetch=True)`), required when overlapping.
+    prefetch_exchange: the prefetch thread's exchange over its own process group (`trainer.place.Placement.exchange(
+    transport, own_group="prefetch", urgent=True)`), required when overlapping. Streams and events are made on
+    the table's device (`embedding.device`).
     """
 
     def __init__(self, embedding: ShardedEmbedding, *, overlap: bool, prefetch_exchange: Exchange | None = None):
         if overlap and prefetch_exchange is None:
             raise ValueError("overlap=True needs prefetch_exchange: create it on every rank with "
-                             "trainer.transport.make_exchange(transport, prefetch=True) so the prefetch has its "
-                             "own process group")
+                             "Placement.exchange(transport, own_group=\"prefetch\", urgent=True) so the prefetch "
+                             "has its own process group")
         self.embedding, self.overlap, self.prefetch_exchange = embedding, overlap, prefetch_exchange
-        on_cuda = embedding.weight.is_cuda
-        self._stream = torch.cuda.Stream(priority=-1) if overlap and on_cuda else None
+        self.device = embedding.device
+        on_cuda = self.device.type == "cuda"
+        self._stream = torch.cuda.Stream(self.device, priority=-1) if overlap and on_cuda else None
 
     def run(self, steps: Iterable[Sequence[MB]], *, ids: Callable[[MB], Tensor],
             compute: Callable[[MB, Tensor], None], step_end: Callable[[], None] | None = None
@@ -126,15 +129,15 @@ class OverlapScheduler:
         ready_event = None
         if self._stream is not None:  # the ids and the weights were written on the main stream
             ready_event = torch.cuda.Event()
-            ready_event.record()
+            ready_event.record(torch.cuda.current_stream(self.device))
 
         def task():
             start = time.perf_counter()
             if self._stream is None:
                 fetch, done = self.embedding.fetch(ids, exchange=self.prefetch_exchange,
                                                    after_update=after_update), None
-            else:
-                with torch.cuda.stream(self._stream):
+            else:  # the thread's own current device would be cuda:0: name the table's
+                with torch.cuda.device(self.device), torch.cuda.stream(self._stream):
                     self._stream.wait_event(ready_event)
                     fetch = self.embedding.fetch(ids, exchange=self.prefetch_exchange, after_update=after_update)
                     done = torch.cuda.Event()
@@ -144,14 +147,13 @@ class OverlapScheduler:
 
         return pool.submit(task)
 
-    @staticmethod
-    def _wait(future: Future | None) -> Fetch | None:
+    def _wait(self, future: Future | None) -> Fetch | None:
         """The prefetched Fetch, ordered after the prefetch stream's work on CUDA."""
         if future is None:
             return None
         fetch, done = future.result()
         if done is not None:
-            main = torch.cuda.current_stream()
+            main = torch.cuda.current_stream(self.device)
             main.wait_event(done)
             for tensor in (fetch.inverse, fetch.served, fetch.rows, fetch.collided, fetch.deferred):
                 if tensor is not None:  # made on the prefetch stream, used and freed on the main stream

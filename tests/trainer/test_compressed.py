@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from tests.cuda_ext.test_compress import assert_within_bound
 from tests.trainer.dist import LoopbackExchange, run_world
-from trainer.transport import make_exchange
+from trainer.transport import Transport, make_exchange
 from trainer.transport.compressed import CompressedExchange, ErrorBoundSchedule, compressed_exchanges
 from trainer.transport.torch_dist import TorchExchange
 
@@ -36,7 +37,8 @@ def test_exchange_steps_schedule_and_passes_integers():
 
 
 def _exchange_worker(rank: int, world: int) -> None:
-    ex = make_exchange("gloo", compress=ErrorBoundSchedule(1e-2, decay_steps=10))
+    ex = make_exchange(Transport.GLOO, dist.group.WORLD, torch.device("cpu"),
+                       compress=ErrorBoundSchedule(1e-2, decay_steps=10))
     inner = ex.inner  # the exact exchange underneath, over the same group
     assert isinstance(ex, CompressedExchange) and isinstance(inner, TorchExchange)
     g = torch.Generator().manual_seed(rank)

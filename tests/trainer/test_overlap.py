@@ -6,7 +6,7 @@ import torch.distributed as dist
 from tests.trainer.dist import LoopbackExchange, run_world
 from trainer.embedding import ShardedEmbedding
 from trainer.overlap import OverlapScheduler
-from trainer.transport import make_exchange
+from trainer.transport import Transport, make_exchange
 from trainer.transport.torch_dist import TorchExchange
 
 NUM_ITEMS, DIM, STEPS, MICRO = 61, 4, 20, 2
@@ -45,7 +45,7 @@ def train(scheduler, steps, dense):
 
 
 def _check_overlap(rank, world):
-    prefetch = make_exchange("gloo", prefetch=True)
+    prefetch = make_exchange(Transport.GLOO, dist.new_group(backend="gloo"), torch.device("cpu"))  # its own group
     steps = make_steps(rank)
     results = {}
     for overlap in (False, True):

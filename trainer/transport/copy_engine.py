@@ -33,14 +33,15 @@ from trainer.transport.torch_dist import TorchExchange
 MIN_BUFFER_BYTES = 1 << 20
 
 
-def _cuda_index(device: torch.device | str | int | None) -> int:
-    """The CUDA device index of `device` (None or "cuda": torch's current device)."""
+def _cuda_index(device: torch.device | str | int) -> int:
+    """The CUDA device index of `device` ("cuda:N" or N; a bare "cuda" names no device and is refused)."""
     if isinstance(device, int):
         return device
-    dev = torch.device("cuda") if device is None else torch.device(device)
-    if dev.type != "cuda":
-        raise ValueError(f"device {device!r} is not a CUDA device; give 'cuda:N', N, or None for the current one")
-    return torch.cuda.current_device() if dev.index is None else dev.index
+    dev = torch.device(device)
+    if dev.type != "cuda" or dev.index is None:
+        raise ValueError(f"device {device!r} is not one CUDA device; give 'cuda:N' or N (the rank's own GPU, "
+                         f"from trainer.place.Placement.device)")
+    return dev.index
 
 
 def receive_offsets(counts: Tensor) -> Tensor:
@@ -57,12 +58,13 @@ class CopyEngineExchange:
     group: a process group that carries CPU tensors (backend "gloo" or "cpu:gloo,cuda:nccl"); counts,
     handles, barriers and the cross-node bytes go over it. priority: of the dedicated copy stream, CUDA's
     scale (lower is more urgent; 0 is the default, e.g. -1 for a prefetch ahead of other work). device: this
-    rank's GPU (default: torch's current device). node: ranks with equal names use IPC (default: hostname).
+    rank's GPU, named explicitly: streams, events, buffers and copies are all made there, whatever torch's current
+    device is. node: ranks with equal names use IPC (default: hostname).
     Every rank of the group constructs it (a collective), then calls its methods in the same order.
     """
 
-    def __init__(self, group: dist.ProcessGroup | None = None, *, priority: int = 0,
-                 device: torch.device | str | int | None = None, node: str | None = None):
+    def __init__(self, group: dist.ProcessGroup | None, *, device: torch.device | str | int, priority: int = 0,
+                 node: str | None = None):
         if not torch.cuda.is_available():
             raise RuntimeError("exchange transport 'ce' needs CUDA devices, but torch.cuda.is_available() is "
                                "False; use transport 'gloo' on CPU (or 'nccl' for SM-based GPU transfers)")
