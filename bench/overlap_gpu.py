@@ -442,7 +442,9 @@ def a2a_worker(rank: int, world: int, port: int, cfg: dict, outdir: str) -> None
 
             device = torch.device("cpu")
             ex = TorchExchange(None, device="cpu")
-            baseline = ex.all_to_all
+
+            def baseline(send, sc, rc):
+                return ex.all_to_all(send, sc, rc).wait()
 
             def sync():
                 return None
@@ -463,12 +465,12 @@ def a2a_worker(rank: int, world: int, port: int, cfg: dict, outdir: str) -> None
         gen = torch.Generator().manual_seed(rank)
         send = torch.randn(rows, A2A_ROW, generator=gen).to(torch.bfloat16).to(device)  # (rows, 128)
         recv_counts = ex.exchange_counts(send_counts)
-        first = ex.all_to_all(send, send_counts, recv_counts)  # warm-up: buffers and mappings
+        first = ex.all_to_all(send, send_counts, recv_counts).wait()  # warm-up: buffers and mappings
         sync()
         same = torch.equal(baseline(send, send_counts, recv_counts).cpu(), first.cpu())
         sync()
         result = {"rank": rank, "bytes_sent": send.numel() * send.element_size(), "equal": same}
-        for name, fn in (("ce", ex.all_to_all), ("sm", baseline)):
+        for name, fn in (("ce", lambda *a: ex.all_to_all(*a).wait()), ("sm", baseline)):
             fn(send, send_counts, recv_counts)
             sync()
             result[f"{name}_s"] = _time_calls(lambda: fn(send, send_counts, recv_counts), cfg["iters"], sync)

@@ -87,7 +87,8 @@ class _Gather(torch.autograd.Function):
         fetch, table = ctx.fetch, ctx.table
         with record_function("## emb: grad all-to-all ##"):
             grad_req = grad.new_zeros(fetch.rows.shape).index_add_(0, fetch.inverse, grad)  # (U, dim)
-            grad_served = table.exchange.all_to_all(grad_req, fetch.send_counts, fetch.recv_counts)  # (S, dim)
+            grad_served = table.exchange.all_to_all(grad_req, fetch.send_counts,
+                                                    fetch.recv_counts).wait()  # (S, dim)
         table._grad_rows.append(fetch.served)
         table._grad_values.append(grad_served)
         return None, None, None
@@ -165,21 +166,21 @@ class ShardedEmbedding(nn.Module):
             req = uniq[order]  # (U,) grouped by owner
             send_counts = torch.bincount(req % world, minlength=world).tolist()
             recv_counts = ex.exchange_counts(send_counts)
-            served = ex.all_to_all(req, send_counts, recv_counts) // world  # (S,) local rows
+            served = ex.all_to_all(req, send_counts, recv_counts).wait() // world  # (S,) local rows
         inverse = position[inverse_uniq]  # (T,)
         if not after_update:
             self._touched[served] = True
             with record_function("## emb: row all-to-all ##"):
-                rows = ex.all_to_all(self.weight[served], recv_counts, send_counts)  # (U, dim)
+                rows = ex.all_to_all(self.weight[served], recv_counts, send_counts).wait()  # (U, dim)
             return Fetch(inverse, send_counts, recv_counts, served, rows)
         deferred = self._touched[served]  # (S,)
         self._touched_next[served] = True
         with record_function("## emb: exclusive row all-to-all ##"):
-            collided = ex.all_to_all(deferred.to(torch.uint8), recv_counts, send_counts).bool()  # (U,)
+            collided = ex.all_to_all(deferred.to(torch.uint8), recv_counts, send_counts).wait().bool()  # (U,)
             rows = self.weight.new_empty((req.numel(), self.dim))  # (U, dim)
             rows[~collided] = ex.all_to_all(self.weight[served[~deferred]],
                                             _segment_counts(~deferred, recv_counts),
-                                            _segment_counts(~collided, send_counts))
+                                            _segment_counts(~collided, send_counts)).wait()
         return Fetch(inverse, send_counts, recv_counts, served, rows, collided, deferred, pending=True)
 
     def fetch_deferred(self, fetch: Fetch, *, exchange: Exchange | None = None) -> None:
@@ -190,7 +191,7 @@ class ShardedEmbedding(nn.Module):
         with record_function("## emb: collided row all-to-all ##"):
             fetch.rows[fetch.collided] = ex.all_to_all(self.weight[fetch.served[fetch.deferred]],
                                                        _segment_counts(fetch.deferred, fetch.recv_counts),
-                                                       _segment_counts(fetch.collided, fetch.send_counts))
+                                                       _segment_counts(fetch.collided, fetch.send_counts)).wait()
         fetch.pending = False
 
     def gather(self, fetch: Fetch) -> Tensor:

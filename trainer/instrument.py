@@ -19,11 +19,13 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch import Tensor
 
 from trainer.place import Group
+from trainer.transport.base import Pending
 
 
 @dataclass
@@ -64,6 +66,26 @@ class Collectives:
             self.entries.append(entered)
             self.durations.append(time.perf_counter() - start)
 
+    def started(self, fn: Callable[..., Pending], *args) -> Pending:
+        """Start an asynchronous collective (`fn` returns a `Pending`): entered now; its time is the start call
+        plus the time its `wait()` blocks, which must come before this step's `settle`."""
+        if threading.get_ident() != self.main:
+            return fn(*args)
+        entered = time.time()
+        start = time.perf_counter()
+        handle = fn(*args)
+        self.entries.append(entered)
+        self.durations.append(time.perf_counter() - start)
+        durations, index = self.durations, len(self.durations) - 1
+
+        def blocked(seconds: float) -> None:
+            if durations is not self.durations:
+                raise RuntimeError("an exchange started in one step was waited for after the step's settle(); "
+                                   "wait for every handle before the step ends")
+            durations[index] += seconds
+
+        return _TimedWait(handle, blocked)
+
     def settle(self, host: Group) -> tuple[float, float]:
         """(wait seconds, exposed communication seconds) of this step; resets. A collective itself over the
         host group (every rank calls it at the same point: the step's end; the times are host values)."""
@@ -75,28 +97,49 @@ class Collectives:
         return float(wait.sum()), float((durations - wait).sum())
 
 
+class _TimedWait:
+    """A `Pending` that reports the seconds its first `wait()` blocked."""
+
+    def __init__(self, inner: Pending, blocked: Callable[[float], None]) -> None:
+        self.inner, self.blocked, self.waited = inner, blocked, False
+
+    def wait(self) -> Tensor:
+        if self.waited:
+            return self.inner.wait()
+        start = time.perf_counter()
+        value = self.inner.wait()
+        self.waited = True
+        self.blocked(time.perf_counter() - start)
+        return value
+
+
 class TimedExchange:
-    """An ``Exchange`` whose main-thread calls are recorded in ``collectives``."""
+    """An ``Exchange`` whose main-thread calls (and waits) are recorded in ``collectives``."""
 
     def __init__(self, inner, collectives: Collectives) -> None:
         self.inner, self.collectives = inner, collectives
         self.rank, self.world_size = inner.rank, inner.world_size
-        self.main_s = 0.0  # seconds of main-thread calls since the last reset
+        self.main_s = 0.0  # seconds of main-thread calls and waits since the last reset
 
     def exchange_counts(self, send_counts: list[int]) -> list[int]:
-        return self._call(self.inner.exchange_counts, send_counts)
-
-    def all_to_all(self, send: Tensor, send_counts: list[int], recv_counts: list[int]) -> Tensor:
-        return self._call(self.inner.all_to_all, send, send_counts, recv_counts)
-
-    def _call(self, fn, *args):
         if threading.get_ident() != self.collectives.main:
-            return fn(*args)
+            return self.inner.exchange_counts(send_counts)
         start = time.perf_counter()
         try:
-            return self.collectives.timed(fn, *args)
+            return self.collectives.timed(self.inner.exchange_counts, send_counts)
         finally:
             self.main_s += time.perf_counter() - start
+
+    def all_to_all(self, send: Tensor, send_counts: list[int], recv_counts: list[int]) -> Pending:
+        if threading.get_ident() != self.collectives.main:
+            return self.inner.all_to_all(send, send_counts, recv_counts)
+        start = time.perf_counter()
+        handle = self.collectives.started(self.inner.all_to_all, send, send_counts, recv_counts)
+        self.main_s += time.perf_counter() - start
+        return _TimedWait(handle, self._add)
+
+    def _add(self, seconds: float) -> None:
+        self.main_s += seconds
 
 
 def write_jsonl(path: str | Path, records: list[StepRecord]) -> None:

@@ -8,6 +8,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from trainer.launch import free_port
+from trainer.transport.base import Ready
 
 
 def _worker(rank: int, world: int, port: int, fn: Callable[..., Any], args: tuple) -> None:
@@ -37,5 +38,5 @@ class LoopbackExchange:
     def exchange_counts(self, send_counts: list[int]) -> list[int]:
         return list(send_counts)
 
-    def all_to_all(self, send, send_counts: list[int], recv_counts: list[int]):
-        return send.clone()
+    def all_to_all(self, send, send_counts: list[int], recv_counts: list[int]) -> Ready:
+        return Ready(send.clone())

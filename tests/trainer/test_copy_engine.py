@@ -80,8 +80,8 @@ def _matches_gloo(rank: int, world: int, two_nodes: bool, spread: bool = False) 
             recv_counts = exchange.exchange_counts(send_counts)
             assert recv_counts == reference.exchange_counts(send_counts)
             send = _payload(sum(send_counts), trailing, dtype, gen)  # (S, *trailing)
-            got = exchange.all_to_all(send.to(device), send_counts, recv_counts)
-            want = reference.all_to_all(send, send_counts, recv_counts)
+            got = exchange.all_to_all(send.to(device), send_counts, recv_counts).wait()
+            want = reference.all_to_all(send, send_counts, recv_counts).wait()
             assert got.device.type == "cuda" and got.dtype == dtype and got.shape == want.shape
             assert torch.equal(got.cpu(), want), (rank, dtype, trailing, scale)
     exchange.close()
@@ -113,9 +113,9 @@ def _no_kernel_and_errors(rank: int, world: int) -> None:
     exchange = CopyEngineExchange(None, device=device)
     send = torch.arange(4 * world, dtype=torch.float32, device=device).reshape(2 * world, 2)  # (2W, 2)
     counts = [2] * world
-    exchange.all_to_all(send, counts, counts)  # warm-up: buffers and mappings
+    exchange.all_to_all(send, counts, counts).wait()  # warm-up: buffers and mappings
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        exchange.all_to_all(send, counts, counts)
+        exchange.all_to_all(send, counts, counts).wait()
         torch.cuda.synchronize(device)
     kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
                and not e.name.lower().startswith(("memcpy", "memset"))]

@@ -46,10 +46,10 @@ def _check_exchange(rank, world):
     recv_counts = ex.exchange_counts(send_counts)
     assert recv_counts == [rank + 1 if rank > j else 0 for j in range(world)]
     send = torch.cat([torch.full((c, 2, 3), float(10 * rank + j)) for j, c in enumerate(send_counts)])
-    recv = ex.all_to_all(send, send_counts, recv_counts)
+    recv = ex.all_to_all(send, send_counts, recv_counts).wait()
     expect = torch.cat([torch.full((c, 2, 3), float(10 * j + rank)) for j, c in enumerate(recv_counts)])
     assert torch.equal(recv, expect)
-    empty = ex.all_to_all(torch.zeros(0, dtype=torch.int64), [0] * world, [0] * world)  # nobody sends
+    empty = ex.all_to_all(torch.zeros(0, dtype=torch.int64), [0] * world, [0] * world).wait()  # nobody sends
     assert empty.shape == (0,) and empty.dtype == torch.int64
     with pytest.raises(ValueError, match="send_counts has 1 entries but the group has"):
         ex.all_to_all(send, [send.shape[0]], recv_counts)

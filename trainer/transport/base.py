@@ -7,6 +7,10 @@ Layout on rank r of a world of W ranks (rows along dim 0, any trailing shape and
 
 recv_counts[j] on rank r equals send_counts[r] on rank j; `exchange_counts` computes them. Every rank of the
 group must call each method in the same order (they are collectives), with empty sends where it has nothing.
+
+`all_to_all` starts the exchange and returns a `Pending` (TorchRec's awaitables): `wait()` gives recv. The
+caller computes in between; a rank waits its handles in the order it started them. Transports whose
+protocol ends on the host (the copy engines' barrier) hand back a `Ready` one.
 """
 from __future__ import annotations
 
@@ -54,6 +58,23 @@ class Transport(StrEnum):
         return self is not Transport.GLOO
 
 
+class Pending(Protocol):
+    """An exchange under way: `wait()` returns its result (recv) once it has arrived, and again after that."""
+
+    def wait(self) -> Tensor:
+        ...
+
+
+class Ready:
+    """A `Pending` whose result is already there."""
+
+    def __init__(self, value: Tensor) -> None:
+        self.value = value
+
+    def wait(self) -> Tensor:
+        return self.value
+
+
 @runtime_checkable
 class Exchange(Protocol):
     """One transport of all-to-all-v among the ranks of one process group."""
@@ -65,8 +86,9 @@ class Exchange(Protocol):
         """All-to-all of the per-destination row counts: returns recv_counts, (world_size,)."""
         ...
 
-    def all_to_all(self, send: Tensor, send_counts: list[int], recv_counts: list[int]) -> Tensor:
-        """send: (sum(send_counts), *trailing) -> recv: (sum(recv_counts), *trailing), same dtype."""
+    def all_to_all(self, send: Tensor, send_counts: list[int], recv_counts: list[int]) -> Pending:
+        """Start send: (sum(send_counts), *trailing) -> recv: (sum(recv_counts), *trailing), same dtype;
+        `wait()` on the result gives recv. `send` must not change until then."""
         ...
 
 

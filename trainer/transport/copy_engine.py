@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from cuda_ext import bindings
-from trainer.transport.base import check_split
+from trainer.transport.base import Ready, check_split
 from trainer.transport.torch_dist import TorchExchange
 
 MIN_BUFFER_BYTES = 1 << 20
@@ -102,7 +102,9 @@ class CopyEngineExchange:
     def exchange_counts(self, send_counts: list[int]) -> list[int]:
         return self._counts.exchange_counts(send_counts)
 
-    def all_to_all(self, send: Tensor, send_counts: list[int], recv_counts: list[int]) -> Tensor:
+    def all_to_all(self, send: Tensor, send_counts: list[int], recv_counts: list[int]) -> Ready:
+        """The whole protocol above; it ends in a barrier over the host group, so the result is `Ready` (recv is
+        copied out on the caller's stream)."""
         check_split(send, send_counts, recv_counts, self.world_size)
         if send.device != self.device:
             raise ValueError(f"send is on {send.device} but this exchange copies on {self.device}; move it "
@@ -131,7 +133,7 @@ class CopyEngineExchange:
             bindings.memcpy_async(recv.data_ptr(), self._buffer, recv.numel() * recv.element_size(), caller)
         bindings.event_record(self._read, caller)
         self._read_pending = True
-        return recv
+        return Ready(recv)
 
     def _reserve(self, nbytes: int) -> None:
         """Grow the receive buffer to hold nbytes (doubling, at least MIN_BUFFER_BYTES); a new generation."""
