@@ -12,7 +12,8 @@ Global row `id` lives on rank `id % W` as local row `id // W`. One lookup of ids
 `fetch` (the exchange, no autograd) and `gather` (the differentiable un-unique) are separate so the overlap
 scheduler can fetch the next microbatch early. A fetch for after the next update (`after_update=True`) is
 split by the owner: rows served since its last update ("collisions": the update may change them) are held
-back and sent by `fetch_deferred` after `step`; the others ("exclusive") are sent at once. See
+back and sent by `fetch_deferred` after `step`; the others ("exclusive") are sent at once. `start_fetch` leaves
+the row all-to-all under way (a `PendingFetch`), so the scheduler computes while the rows travel. See
 docs/trainer.md, "Sharded embedding and overlap".
 """
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch
 from torch import Tensor, nn
 from torch.profiler import record_function
 
-from trainer.transport.base import Exchange
+from trainer.transport.base import Exchange, Pending
 
 INIT_CHUNK_ROWS = 65536  # rows per seeded init chunk: part of the table's definition, never change
 
@@ -65,6 +66,24 @@ class Fetch:
     def exclusive(self) -> int:
         """Unique rows of this rank's request sent at once."""
         return self.rows.shape[0] - self.collisions
+
+
+class PendingFetch:
+    """A `Fetch` whose row all-to-all is under way (`ShardedEmbedding.start_fetch`); `wait()` completes it."""
+
+    def __init__(self, fetch: Fetch, rows: Pending, *, into: Tensor | None) -> None:
+        self._fetch, self._rows, self._into = fetch, rows, into  # into: (U,) bool, where the rows go (None: all)
+
+    def wait(self) -> Fetch:
+        if self._rows is not None:
+            with record_function("## emb: row all-to-all (wait) ##"):
+                rows = self._rows.wait()
+            if self._into is None:
+                self._fetch.rows = rows  # (U, dim)
+            else:
+                self._fetch.rows[self._into] = rows
+            self._rows = None
+        return self._fetch
 
 
 def _segment_counts(mask: Tensor, counts: list[int]) -> list[int]:
@@ -155,6 +174,13 @@ class ShardedEmbedding(nn.Module):
         after_update: the rows are used after the next `step`; owners send the rows that step may change
         (served since their last update) only when `fetch_deferred` is called after that step.
         """
+        return self.start_fetch(ids, exchange=exchange, after_update=after_update).wait()
+
+    def start_fetch(self, ids: Tensor, *, exchange: Exchange | None = None, after_update: bool = False
+                    ) -> PendingFetch:
+        """`fetch`, with its row all-to-all left under way: the counts and ids are exchanged (and, after_update,
+        the collision flags), the rows are started; `wait()` on the result gives the `Fetch`. Every rank waits
+        before its next collective on `exchange`'s group, in the order the fetches were started."""
         self._check_ids(ids)
         ex = exchange or self.fetch_exchange
         world = self.world_size
@@ -170,18 +196,19 @@ class ShardedEmbedding(nn.Module):
         inverse = position[inverse_uniq]  # (T,)
         if not after_update:
             self._touched[served] = True
-            with record_function("## emb: row all-to-all ##"):
-                rows = ex.all_to_all(self.weight[served], recv_counts, send_counts).wait()  # (U, dim)
-            return Fetch(inverse, send_counts, recv_counts, served, rows)
+            with record_function("## emb: row all-to-all (start) ##"):
+                rows = ex.all_to_all(self.weight[served], recv_counts, send_counts)  # (U, dim) under way
+            return PendingFetch(Fetch(inverse, send_counts, recv_counts, served, self.weight.new_empty(0, self.dim)),
+                                rows, into=None)
         deferred = self._touched[served]  # (S,)
         self._touched_next[served] = True
-        with record_function("## emb: exclusive row all-to-all ##"):
+        with record_function("## emb: exclusive row all-to-all (start) ##"):
             collided = ex.all_to_all(deferred.to(torch.uint8), recv_counts, send_counts).wait().bool()  # (U,)
-            rows = self.weight.new_empty((req.numel(), self.dim))  # (U, dim)
-            rows[~collided] = ex.all_to_all(self.weight[served[~deferred]],
-                                            _segment_counts(~deferred, recv_counts),
-                                            _segment_counts(~collided, send_counts)).wait()
-        return Fetch(inverse, send_counts, recv_counts, served, rows, collided, deferred, pending=True)
+            exclusive = ex.all_to_all(self.weight[served[~deferred]], _segment_counts(~deferred, recv_counts),
+                                      _segment_counts(~collided, send_counts))  # (U - collisions, dim) under way
+        rows = self.weight.new_empty((req.numel(), self.dim))  # (U, dim), collided rows after fetch_deferred
+        return PendingFetch(Fetch(inverse, send_counts, recv_counts, served, rows, collided, deferred, pending=True),
+                            exclusive, into=~collided)
 
     def fetch_deferred(self, fetch: Fetch, *, exchange: Exchange | None = None) -> None:
         """After `step`: receive the collided rows of an `after_update` fetch (a collective, every rank)."""

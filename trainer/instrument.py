@@ -1,7 +1,9 @@
 """Per rank and step: compute, exposed communication and wait seconds, measured, not guessed.
 
-Every collective the main thread enters goes through a :class:`Timed` wrapper, which records when the
-rank entered it (wall clock) and how long it took. At the end of a step the ranks all-gather their entry
+Every collective the main thread enters goes through `Collectives.timed`, which records when the rank
+entered it (wall clock) and how long it took; an all-to-all that returns a handle goes through
+`Collectives.started`: entered at its start, its time is the start call plus the time its `wait()` blocked
+(the time it travelled behind compute is not communication the rank waited for). At the end of a step the ranks all-gather their entry
 times: a collective cannot finish before its last rank arrives, so a rank's *wait* in it is
 ``max over ranks of the entry time - its own entry time`` (capped by the time it spent inside), and the
 rest of that time is *exposed communication*. *Compute* is the step's wall time minus both. The clock is
@@ -56,7 +58,7 @@ class Collectives:
         self.durations: list[float] = []
 
     def timed(self, fn, *args, **kwargs):
-        if threading.get_ident() != self.main:  # the prefetch thread's collectives hide behind compute
+        if threading.get_ident() != self.main:  # autograd's device thread on CUDA (the gradient all-to-all)
             return fn(*args, **kwargs)
         entered = time.time()
         start = time.perf_counter()
@@ -114,32 +116,17 @@ class _TimedWait:
 
 
 class TimedExchange:
-    """An ``Exchange`` whose main-thread calls (and waits) are recorded in ``collectives``."""
+    """An ``Exchange`` whose calls (and the waits of its all-to-alls) are recorded in ``collectives``."""
 
     def __init__(self, inner, collectives: Collectives) -> None:
         self.inner, self.collectives = inner, collectives
         self.rank, self.world_size = inner.rank, inner.world_size
-        self.main_s = 0.0  # seconds of main-thread calls and waits since the last reset
 
     def exchange_counts(self, send_counts: list[int]) -> list[int]:
-        if threading.get_ident() != self.collectives.main:
-            return self.inner.exchange_counts(send_counts)
-        start = time.perf_counter()
-        try:
-            return self.collectives.timed(self.inner.exchange_counts, send_counts)
-        finally:
-            self.main_s += time.perf_counter() - start
+        return self.collectives.timed(self.inner.exchange_counts, send_counts)
 
     def all_to_all(self, send: Tensor, send_counts: list[int], recv_counts: list[int]) -> Pending:
-        if threading.get_ident() != self.collectives.main:
-            return self.inner.all_to_all(send, send_counts, recv_counts)
-        start = time.perf_counter()
-        handle = self.collectives.started(self.inner.all_to_all, send, send_counts, recv_counts)
-        self.main_s += time.perf_counter() - start
-        return _TimedWait(handle, self._add)
-
-    def _add(self, seconds: float) -> None:
-        self.main_s += seconds
+        return self.collectives.started(self.inner.all_to_all, send, send_counts, recv_counts)
 
 
 def write_jsonl(path: str | Path, records: list[StepRecord]) -> None:

@@ -59,7 +59,7 @@ class Exchanges:
 
     table: TimedExchange  # ids, flags, gradients; the forward rows too unless compressed
     fetch: TimedExchange | None  # the forward rows, compressed (None: uncompressed, they take `table`)
-    prefetch: TimedExchange | None  # the prefetch thread's own group (None: no overlap)
+    prefetch: TimedExchange | None  # over the prefetch's own group (None: no overlap)
     compressed: list[CompressedExchange]  # their bounds follow the step
 
     @classmethod
@@ -113,15 +113,10 @@ class RankTrainer:
     def run(self, loader: SequenceLoader) -> list[StepRecord]:
         """``cfg.steps`` steps (epochs cycled); one record per step."""
         records = []
-        prefetch = self.exchanges.prefetch
         started = time.perf_counter()
         for stats in self.scheduler.run(self._steps(loader), ids=lambda mb: mb.ids.to(self.device),
                                         compute=self._compute, step_end=self._step_end):
-            wall = time.perf_counter() - started
-            joined = max(stats.exposed_s - prefetch.main_s, 0.0) if prefetch is not None else 0.0
-            records.append(self._record(self._pending.popleft(), stats, wall, joined))
-            if prefetch is not None:
-                prefetch.main_s = 0.0
+            records.append(self._record(self._pending.popleft(), stats, time.perf_counter() - started))
             started = time.perf_counter()
         return records
 
@@ -164,12 +159,12 @@ class RankTrainer:
         self.optimizer.zero_grad(set_to_none=False)
         self.exchanges.step()
 
-    def _record(self, step: list[Prepared], stats: StepStats, wall: float, joined: float) -> StepRecord:
-        """The step's record; `joined`: seconds the main thread waited for the prefetch thread."""
+    def _record(self, step: list[Prepared], stats: StepStats, wall: float) -> StepRecord:
+        """The step's record: every collective of the step, prefetches included, ran on this thread and is timed."""
         wait, comm = self.collectives.settle(self.placement.host)
         return StepRecord(
-            step=stats.step, rank=self.place.rank, step_s=wall, compute_s=max(0.0, wall - wait - comm - joined),
-            comm_s=comm + joined, wait_s=wait, loss=sum(self.losses[-len(step):]),
+            step=stats.step, rank=self.place.rank, step_s=wall, compute_s=max(0.0, wall - wait - comm),
+            comm_s=comm, wait_s=wait, loss=sum(self.losses[-len(step):]),
             samples=sum(mb.samples for mb in step), tokens=sum(mb.rows.numel() for mb in step),
             exclusive_rows=stats.exclusive, collided_rows=stats.collisions, hidden_comm_s=stats.hidden_s,
             bins=[mb.features() for mb in step])

@@ -8,7 +8,6 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from trainer.launch import free_port
-from trainer.transport.base import Ready
 
 
 def _worker(rank: int, world: int, port: int, fn: Callable[..., Any], args: tuple) -> None:
@@ -26,6 +25,16 @@ def run_world(fn: Callable[..., Any], world: int, *args: Any) -> None:
     fn must be a module-level function (it is pickled into the spawned processes).
     """
     mp.spawn(_worker, args=(world, free_port(), fn, args), nprocs=world, join=True)
+
+
+class Ready:
+    """A `trainer.transport.base.Pending` whose result is already there."""
+
+    def __init__(self, value) -> None:
+        self.value = value
+
+    def wait(self):
+        return self.value
 
 
 class LoopbackExchange:

@@ -9,8 +9,7 @@ recv_counts[j] on rank r equals send_counts[r] on rank j; `exchange_counts` comp
 group must call each method in the same order (they are collectives), with empty sends where it has nothing.
 
 `all_to_all` starts the exchange and returns a `Pending` (TorchRec's awaitables): `wait()` gives recv. The
-caller computes in between; a rank waits its handles in the order it started them. Transports whose
-protocol ends on the host (the copy engines' barrier) hand back a `Ready` one.
+caller computes in between; a rank waits its handles in the order it started them.
 """
 from __future__ import annotations
 
@@ -63,16 +62,6 @@ class Pending(Protocol):
 
     def wait(self) -> Tensor:
         ...
-
-
-class Ready:
-    """A `Pending` whose result is already there."""
-
-    def __init__(self, value: Tensor) -> None:
-        self.value = value
-
-    def wait(self) -> Tensor:
-        return self.value
 
 
 @runtime_checkable
