@@ -36,7 +36,7 @@ Three parts, one run, one device:
    Target: both copy-engine modes slow attention by <= 2%.
 
 2. **`ce` all-to-all among W processes on the one GPU** (``--worlds`` 2, 3, 4; torch.multiprocessing spawn,
-   process group ``cpu:gloo,cuda:nccl`` on 127.0.0.1, ``GLOO_SOCKET_IFNAME=lo``; ``make_exchange("ce")``).
+   process group ``cpu:gloo,cuda:nccl`` on 127.0.0.1, ``GLOO_SOCKET_IFNAME=lo``; ``make_exchange(Transport.CE, ...)``).
    Each rank sends ``--a2a-mb`` MiB of bf16 rows of width 128, split evenly over the W ranks (itself
    included). Time of one call = the slowest rank's wall time (a barrier before each call); GB/s = all bytes
    sent by all ranks / that time. **SM baseline:** NCCL cannot run an all-to-all among processes sharing one
@@ -442,16 +442,18 @@ def a2a_worker(rank: int, world: int, port: int, cfg: dict, outdir: str) -> None
 
             device = torch.device("cpu")
             ex = TorchExchange(None, device="cpu")
-            baseline = ex.all_to_all
+
+            def baseline(send, sc, rc):
+                return ex.all_to_all(send, sc, rc).wait()
 
             def sync():
                 return None
         else:
-            from trainer.transport import make_exchange
+            from trainer.transport import Transport, make_exchange
 
-            torch.cuda.set_device(0)
             device = torch.device("cuda", 0)
-            ex = make_exchange("ce")
+            torch.cuda.set_device(device)  # this process's one device (the sync below uses its current stream)
+            ex = make_exchange(Transport.CE, dist.group.WORLD, device)
 
             def baseline(send, sc, rc):
                 return sm_all_to_all(ex, send, sc, rc)
@@ -463,12 +465,12 @@ def a2a_worker(rank: int, world: int, port: int, cfg: dict, outdir: str) -> None
         gen = torch.Generator().manual_seed(rank)
         send = torch.randn(rows, A2A_ROW, generator=gen).to(torch.bfloat16).to(device)  # (rows, 128)
         recv_counts = ex.exchange_counts(send_counts)
-        first = ex.all_to_all(send, send_counts, recv_counts)  # warm-up: buffers and mappings
+        first = ex.all_to_all(send, send_counts, recv_counts).wait()  # warm-up: buffers and mappings
         sync()
         same = torch.equal(baseline(send, send_counts, recv_counts).cpu(), first.cpu())
         sync()
         result = {"rank": rank, "bytes_sent": send.numel() * send.element_size(), "equal": same}
-        for name, fn in (("ce", ex.all_to_all), ("sm", baseline)):
+        for name, fn in (("ce", lambda *a: ex.all_to_all(*a).wait()), ("sm", baseline)):
             fn(send, send_counts, recv_counts)
             sync()
             result[f"{name}_s"] = _time_calls(lambda: fn(send, send_counts, recv_counts), cfg["iters"], sync)

@@ -8,6 +8,8 @@ import torch
 
 from cuda_ext.compress import code_bits
 from loader.spec import BatchSpec
+from trainer.place import Backend
+from trainer.transport import Transport
 from trainer.transport.compressed import ErrorBoundSchedule
 
 
@@ -18,8 +20,8 @@ class TrainConfig:
 
     data: str
     nproc: int = 2
-    backend: str = "gloo"
-    transport: str | None = None  # the embedding exchange: gloo, nccl or ce (copy engines); default: backend
+    backend: Backend = Backend.GLOO  # a name ("gloo", "nccl") is parsed on construction
+    transport: Transport | None = None  # the embedding exchange: gloo, nccl or ce (copy engines); default: backend
     steps: int = 100
     balance: bool = True
     overlap: bool = True
@@ -49,15 +51,12 @@ class TrainConfig:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{key} must be a positive integer, got {value!r}")
-        if self.backend not in ("gloo", "nccl"):
-            raise ValueError(f"backend must be 'gloo' or 'nccl', got {self.backend!r}")
-        self.transport = self.transport or self.backend
-        if self.transport not in ("gloo", "nccl", "ce"):
-            raise ValueError(f"transport must be 'gloo', 'nccl' or 'ce', got {self.transport!r}")
-        if self.transport != self.backend and not (self.transport == "ce" and self.backend == "nccl"):
-            raise ValueError(f"transport {self.transport!r} needs backend "
-                             f"{'nccl' if self.transport == 'ce' else self.transport!r}, got {self.backend!r}")
-        if self.backend == "nccl" and torch.cuda.device_count() < self.nproc:
+        self.backend = Backend.parse(self.backend)
+        self.transport = Transport.parse(self.transport or self.backend.value)
+        if Backend.serving(self.transport) is not self.backend:
+            raise ValueError(f"transport {self.transport.value!r} needs backend "
+                             f"{Backend.serving(self.transport).value!r}, got {self.backend.value!r}")
+        if self.backend is Backend.NCCL and torch.cuda.device_count() < self.nproc:
             raise ValueError(f"backend 'nccl' needs one CUDA device per rank: {self.nproc} ranks, "
                              f"{torch.cuda.device_count()} devices; use --backend gloo on CPU")
         if self.compress_eb is not None:

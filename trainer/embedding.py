@@ -12,7 +12,8 @@ Global row `id` lives on rank `id % W` as local row `id // W`. One lookup of ids
 `fetch` (the exchange, no autograd) and `gather` (the differentiable un-unique) are separate so the overlap
 scheduler can fetch the next microbatch early. A fetch for after the next update (`after_update=True`) is
 split by the owner: rows served since its last update ("collisions": the update may change them) are held
-back and sent by `fetch_deferred` after `step`; the others ("exclusive") are sent at once. See
+back and sent by `fetch_deferred` after `step`; the others ("exclusive") are sent at once. `start_fetch` leaves
+the row all-to-all under way (a `PendingFetch`), so the scheduler computes while the rows travel. See
 docs/trainer.md, "Sharded embedding and overlap".
 """
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch
 from torch import Tensor, nn
 from torch.profiler import record_function
 
-from trainer.transport.base import Exchange
+from trainer.transport.base import Exchange, Pending
 
 INIT_CHUNK_ROWS = 65536  # rows per seeded init chunk: part of the table's definition, never change
 
@@ -67,6 +68,24 @@ class Fetch:
         return self.rows.shape[0] - self.collisions
 
 
+class PendingFetch:
+    """A `Fetch` whose row all-to-all is under way (`ShardedEmbedding.start_fetch`); `wait()` completes it."""
+
+    def __init__(self, fetch: Fetch, rows: Pending, *, into: Tensor | None) -> None:
+        self._fetch, self._rows, self._into = fetch, rows, into  # into: (U,) bool, where the rows go (None: all)
+
+    def wait(self) -> Fetch:
+        if self._rows is not None:
+            with record_function("## emb: row all-to-all (wait) ##"):
+                rows = self._rows.wait()
+            if self._into is None:
+                self._fetch.rows = rows  # (U, dim)
+            else:
+                self._fetch.rows[self._into] = rows
+            self._rows = None
+        return self._fetch
+
+
 def _segment_counts(mask: Tensor, counts: list[int]) -> list[int]:
     """True entries of mask (sum(counts),) in each of the len(counts) consecutive segments."""
     segment = torch.repeat_interleave(torch.arange(len(counts), device=mask.device),
@@ -87,7 +106,8 @@ class _Gather(torch.autograd.Function):
         fetch, table = ctx.fetch, ctx.table
         with record_function("## emb: grad all-to-all ##"):
             grad_req = grad.new_zeros(fetch.rows.shape).index_add_(0, fetch.inverse, grad)  # (U, dim)
-            grad_served = table.exchange.all_to_all(grad_req, fetch.send_counts, fetch.recv_counts)  # (S, dim)
+            grad_served = table.exchange.all_to_all(grad_req, fetch.send_counts,
+                                                    fetch.recv_counts).wait()  # (S, dim)
         table._grad_rows.append(fetch.served)
         table._grad_values.append(grad_served)
         return None, None, None
@@ -133,6 +153,11 @@ class ShardedEmbedding(nn.Module):
         self._touched = torch.zeros(local_rows, dtype=torch.bool, device=device)  # served since the update
         self._touched_next = torch.zeros_like(self._touched)  # served by fetches for after the update
 
+    @property
+    def device(self) -> torch.device:
+        """Where the shard lives (the rank's device): the overlap scheduler makes its stream and events here."""
+        return self.weight.device
+
     def _check_ids(self, ids: Tensor) -> None:
         if ids.dim() != 1 or ids.dtype != torch.int64:
             raise ValueError(f"ids must be a 1-D int64 tensor, got shape {tuple(ids.shape)} dtype {ids.dtype}")
@@ -149,6 +174,13 @@ class ShardedEmbedding(nn.Module):
         after_update: the rows are used after the next `step`; owners send the rows that step may change
         (served since their last update) only when `fetch_deferred` is called after that step.
         """
+        return self.start_fetch(ids, exchange=exchange, after_update=after_update).wait()
+
+    def start_fetch(self, ids: Tensor, *, exchange: Exchange | None = None, after_update: bool = False
+                    ) -> PendingFetch:
+        """`fetch`, with its row all-to-all left under way: the counts and ids are exchanged (and, after_update,
+        the collision flags), the rows are started; `wait()` on the result gives the `Fetch`. Every rank waits
+        before its next collective on `exchange`'s group, in the order the fetches were started."""
         self._check_ids(ids)
         ex = exchange or self.fetch_exchange
         world = self.world_size
@@ -160,22 +192,23 @@ class ShardedEmbedding(nn.Module):
             req = uniq[order]  # (U,) grouped by owner
             send_counts = torch.bincount(req % world, minlength=world).tolist()
             recv_counts = ex.exchange_counts(send_counts)
-            served = ex.all_to_all(req, send_counts, recv_counts) // world  # (S,) local rows
+            served = ex.all_to_all(req, send_counts, recv_counts).wait() // world  # (S,) local rows
         inverse = position[inverse_uniq]  # (T,)
         if not after_update:
             self._touched[served] = True
-            with record_function("## emb: row all-to-all ##"):
-                rows = ex.all_to_all(self.weight[served], recv_counts, send_counts)  # (U, dim)
-            return Fetch(inverse, send_counts, recv_counts, served, rows)
+            with record_function("## emb: row all-to-all (start) ##"):
+                rows = ex.all_to_all(self.weight[served], recv_counts, send_counts)  # (U, dim) under way
+            return PendingFetch(Fetch(inverse, send_counts, recv_counts, served, self.weight.new_empty(0, self.dim)),
+                                rows, into=None)
         deferred = self._touched[served]  # (S,)
         self._touched_next[served] = True
-        with record_function("## emb: exclusive row all-to-all ##"):
-            collided = ex.all_to_all(deferred.to(torch.uint8), recv_counts, send_counts).bool()  # (U,)
-            rows = self.weight.new_empty((req.numel(), self.dim))  # (U, dim)
-            rows[~collided] = ex.all_to_all(self.weight[served[~deferred]],
-                                            _segment_counts(~deferred, recv_counts),
-                                            _segment_counts(~collided, send_counts))
-        return Fetch(inverse, send_counts, recv_counts, served, rows, collided, deferred, pending=True)
+        with record_function("## emb: exclusive row all-to-all (start) ##"):
+            collided = ex.all_to_all(deferred.to(torch.uint8), recv_counts, send_counts).wait().bool()  # (U,)
+            exclusive = ex.all_to_all(self.weight[served[~deferred]], _segment_counts(~deferred, recv_counts),
+                                      _segment_counts(~collided, send_counts))  # (U - collisions, dim) under way
+        rows = self.weight.new_empty((req.numel(), self.dim))  # (U, dim), collided rows after fetch_deferred
+        return PendingFetch(Fetch(inverse, send_counts, recv_counts, served, rows, collided, deferred, pending=True),
+                            exclusive, into=~collided)
 
     def fetch_deferred(self, fetch: Fetch, *, exchange: Exchange | None = None) -> None:
         """After `step`: receive the collided rows of an `after_update` fetch (a collective, every rank)."""
@@ -185,7 +218,7 @@ class ShardedEmbedding(nn.Module):
         with record_function("## emb: collided row all-to-all ##"):
             fetch.rows[fetch.collided] = ex.all_to_all(self.weight[fetch.served[fetch.deferred]],
                                                        _segment_counts(fetch.deferred, fetch.recv_counts),
-                                                       _segment_counts(fetch.collided, fetch.send_counts))
+                                                       _segment_counts(fetch.collided, fetch.send_counts)).wait()
         fetch.pending = False
 
     def gather(self, fetch: Fetch) -> Tensor:

@@ -9,7 +9,6 @@ the training split's counts (every event but each history's last).
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
 from loader import SequenceLoader
@@ -17,23 +16,22 @@ from trainer.data import Split
 from trainer.embedding import ShardedEmbedding
 from trainer.metrics import evaluate_last_out, most_popular_hr_ndcg
 from trainer.model import HSTU
+from trainer.place import Group
 
 READ_ROWS = 4096  # histories per read of the held-out set
 
 
-def gather_table(table: ShardedEmbedding, world: int) -> Tensor:
-    """The whole (V, d) table on every rank (an all-gather of the shards, rows interleaved back), on the CPU."""
-    local = table.weight.detach()
-    size = torch.tensor([local.shape[0]])
-    sizes = [torch.zeros_like(size) for _ in range(world)]
-    dist.all_gather(sizes, size)
-    biggest = int(max(sizes))
-    padded = torch.cat([local, local.new_zeros(biggest - local.shape[0], local.shape[1])])
-    parts = [torch.empty_like(padded) for _ in range(world)]
-    dist.all_gather(parts, padded)
+def gather_table(table: ShardedEmbedding, group: Group) -> Tensor:
+    """The whole (V, d) table on every rank, on the CPU: an all-gather of the shards over `group` (the device
+    group: the shards stay where they are), rows interleaved back. Shard sizes follow from V and W alone."""
+    local = table.weight.detach()  # (rows of this rank, d)
+    world = table.world_size
+    biggest = -(-table.num_items // world)  # rank 0 holds the most rows
+    padded = torch.cat([local, local.new_zeros(biggest - local.shape[0], local.shape[1])])  # (biggest, d)
+    parts = group.all_gather(padded)  # W x (biggest, d)
     full = local.new_empty(table.num_items, local.shape[1])
     for owner, part in enumerate(parts):
-        full[owner::world] = part[: int(sizes[owner])]
+        full[owner::world] = part[: (table.num_items - owner + world - 1) // world]
     return full.cpu()
 
 

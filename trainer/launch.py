@@ -2,7 +2,8 @@
 
 Either way the split is written once (`trainer.data.write_split`: by the parent before it spawns, or by
 torchrun's rank 0 under ``work_dir``), and a rank is given only its arguments: the `TrainConfig`, the
-`Split` (paths and sizes) and its `Place`.
+`Split` (paths and sizes) and its `Place`, which `trainer.place.Placement.open` turns into the rank's device
+and process groups.
 """
 
 from __future__ import annotations
@@ -16,13 +17,13 @@ from typing import TypedDict
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from trainer.config import TrainConfig
 from trainer.data import Split, write_split
 from trainer.evaluate import evaluate, gather_table
 from trainer.instrument import StepRecord
-from trainer.loop import Place, RankTrainer
+from trainer.loop import RankTrainer
+from trainer.place import Place, Placement
 
 
 class RankResult(TypedDict):
@@ -35,14 +36,15 @@ class RankResult(TypedDict):
     eval: dict | None  # rank 0, when evaluating: `trainer.evaluate.evaluate`'s metrics; else None
 
 
-def train_rank(cfg: TrainConfig, split: Split, place: Place) -> RankResult:
-    """One rank's whole run, inside an initialised default process group."""
-    trainer = RankTrainer(cfg, split, place)
+def train_rank(cfg: TrainConfig, split: Split, placement: Placement) -> RankResult:
+    """One rank's whole run, on its placement's device and groups."""
+    trainer = RankTrainer(cfg, split, placement)
     with trainer.open_loader() as loader:
         records = trainer.run(loader)
-    table = gather_table(trainer.table, place.world)
+    table = gather_table(trainer.table, placement.device_group)
     params = {k: v.detach().cpu().numpy() for k, v in trainer.model.state_dict().items()}
-    scores = evaluate(trainer.model, table, split, trainer.device) if place.rank == 0 and cfg.evaluate else None
+    first = placement.place.rank == 0
+    scores = evaluate(trainer.model, table, split, placement.device) if first and cfg.evaluate else None
     return RankResult(records=records, params=params, table=table.numpy(), eval=scores)
 
 
@@ -50,12 +52,6 @@ def check_rows(cfg: TrainConfig, split: Split) -> None:
     if split.rows < cfg.samples_per_step:
         raise ValueError(f"{cfg.data}: {split.rows} histories with >= 2 events, fewer than samples_per_step="
                          f"{cfg.samples_per_step}; lower --samples-per-step")
-
-
-def group_backend(cfg: TrainConfig) -> str:
-    """The default group's backend: ``ce`` exchanges its handles and barriers over gloo, the dense
-    gradients over nccl."""
-    return "cpu:gloo,cuda:nccl" if cfg.transport == "ce" else cfg.backend
 
 
 def free_port() -> int:
@@ -71,7 +67,8 @@ def under_torchrun() -> bool:
 
 
 def spawn_local_ranks(cfg: TrainConfig) -> dict[int, RankResult]:
-    """Write the split into a temporary folder, run ``cfg.nproc`` spawned ranks on 127.0.0.1 (gloo or nccl),
+    """Write the split into a temporary folder, run ``cfg.nproc`` spawned ranks on 127.0.0.1 (rank r on cuda:r
+    with nccl),
     return every rank's result."""
     import torch.multiprocessing as mp
 
@@ -106,11 +103,8 @@ def _spawned(cfg: TrainConfig, split: Split, place: Place, address: str, queue) 
     if "OMP_NUM_THREADS" not in os.environ:  # as torchrun does: ranks sharing a machine must not oversubscribe it
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // place.world))
     try:
-        dist.init_process_group(group_backend(cfg), init_method=address, rank=place.rank, world_size=place.world)
-        try:
-            queue.put((place.rank, train_rank(cfg, split, place)))
-        finally:
-            dist.destroy_process_group()
+        with Placement.open(place, cfg.backend, init_method=address) as placement:
+            queue.put((place.rank, train_rank(cfg, split, placement)))
     except BaseException as exc:  # reported by the parent, which then stops
         queue.put((place.rank, exc))
         raise
@@ -125,25 +119,20 @@ def torchrun_rank(cfg: TrainConfig) -> dict[int, RankResult] | None:
     run_id = os.environ.get("TORCHELASTIC_RUN_ID", "torchrun")
     place = Place(rank, world, int(os.environ.get("LOCAL_RANK", rank)), run_id)
     work = Path(cfg.work_dir or tempfile.gettempdir()) / f"freescale-train-{run_id}"
-    dist.init_process_group(group_backend(cfg))  # env:// from the launcher
-    try:
-        split = _shared_split(cfg, work, place)
+    with Placement.open(place, cfg.backend) as placement:  # env:// from the launcher
+        split = _shared_split(cfg, work, placement)
         check_rows(cfg, split)
-        result = train_rank(cfg, split, place)
-        gathered: list[RankResult | None] = [None] * world
-        dist.all_gather_object(gathered, result)
-        dist.barrier()
+        result = train_rank(cfg, split, placement)
+        gathered: list[RankResult] = placement.host.all_gather_object(result)
+        placement.host.barrier()
         if rank == 0:
             shutil.rmtree(work, ignore_errors=True)
-    finally:
-        dist.destroy_process_group()
     return dict(enumerate(gathered)) if rank == 0 else None
 
 
-def _shared_split(cfg: TrainConfig, work: Path, place: Place) -> Split:
-    """Rank 0 writes the split; every rank learns its sizes from rank 0 (a broadcast: a collective)."""
-    written = write_split(cfg.data, work) if place.rank == 0 else None
-    device = torch.device("cuda", place.local_rank) if group_backend(cfg) == "nccl" else torch.device("cpu")
-    sizes = torch.tensor([0, 0] if written is None else [written.num_items, written.rows], device=device)  # (2,)
-    dist.broadcast(sizes, src=0)
+def _shared_split(cfg: TrainConfig, work: Path, placement: Placement) -> Split:
+    """Rank 0 writes the split; every rank learns its sizes from rank 0 (a broadcast over the host group)."""
+    written = write_split(cfg.data, work) if placement.place.rank == 0 else None
+    sizes = torch.tensor([0, 0] if written is None else [written.num_items, written.rows])  # (2,)
+    placement.host.broadcast(sizes, src=0)
     return Split.under(work, num_items=int(sizes[0]), rows=int(sizes[1]))

@@ -1,11 +1,13 @@
 """One rank's training: its exchanges, table, model and optimizer, and the step loop over the loader.
 
 Each step is M microbatches from ``loader.SequenceLoader.iter_rank`` over the training split (item ids are
-already table rows). Per step: the global target count is all-reduced (every loss is divided by it, so a
+already table rows). The rank's device and groups come from its `trainer.place.Placement`: host-side values
+go over the host group, tensors on the device over the device group. Per step: the global target count is
+all-reduced over the host group (every loss is divided by it, so a
 rank's share of samples does not change the gradient); ``cfg.negatives`` uniform negatives per (step,
 microbatch, rank) come from a seeded generator, so overlap on and off see the same batches; the overlap
 scheduler fetches each microbatch's rows from the sharded table and runs forward and backward; at the step's
-end the dense gradients are all-reduced (summed), Adam steps the dense parameters, the table's owners step
+end the dense gradients are all-reduced (summed, device group), Adam steps the dense parameters, the table's owners step
 row-wise Adagrad, and the compressed exchanges' bounds move on.
 """
 
@@ -17,7 +19,6 @@ from dataclasses import dataclass
 from typing import Iterable, Iterator
 
 import torch
-import torch.distributed as dist
 
 from loader import SequenceLoader
 from loader.microbatch import Microbatch
@@ -28,18 +29,8 @@ from trainer.instrument import Collectives, StepRecord, TimedExchange
 from trainer.loss import num_targets, sampled_softmax_loss
 from trainer.model import HSTU
 from trainer.overlap import OverlapScheduler, StepStats
-from trainer.transport import make_exchange
+from trainer.place import Placement
 from trainer.transport.compressed import CompressedExchange
-
-
-@dataclass(frozen=True)
-class Place:
-    """Where a rank runs: its rank and world, its GPU on the node, and the run it belongs to."""
-
-    rank: int
-    world: int
-    local_rank: int
-    run_id: str
 
 
 @dataclass
@@ -64,19 +55,20 @@ class Prepared:
 
 @dataclass
 class Exchanges:
-    """The rank's exchanges, all from `trainer.transport.make_exchange`, timed in one `Collectives`."""
+    """The rank's exchanges, all from `Placement.exchange`, timed in one `Collectives`."""
 
     table: TimedExchange  # ids, flags, gradients; the forward rows too unless compressed
     fetch: TimedExchange | None  # the forward rows, compressed (None: uncompressed, they take `table`)
-    prefetch: TimedExchange | None  # the prefetch thread's own group (None: no overlap)
+    prefetch: TimedExchange | None  # over the prefetch's own group (None: no overlap)
     compressed: list[CompressedExchange]  # their bounds follow the step
 
     @classmethod
-    def build(cls, cfg: TrainConfig, collectives: Collectives) -> Exchanges:
-        """A collective: the main exchange, then (overlapping) the prefetch group, on every rank."""
+    def build(cls, cfg: TrainConfig, placement: Placement, collectives: Collectives) -> Exchanges:
+        """A collective: the main exchange, then (overlapping) the prefetch's own urgent group, on every rank."""
         bounds = cfg.error_bounds()
-        rows = make_exchange(cfg.transport, compress=bounds)
-        prefetch = make_exchange(cfg.transport, prefetch=True, compress=bounds) if cfg.overlap else None
+        rows = placement.exchange(cfg.transport, compress=bounds)
+        prefetch = (placement.exchange(cfg.transport, own_group="prefetch", urgent=True, compress=bounds)
+                    if cfg.overlap else None)
         if bounds is None:
             return cls(TimedExchange(rows, collectives), None, _timed(prefetch, collectives), [])
         return cls(TimedExchange(rows.inner, collectives), TimedExchange(rows, collectives),
@@ -94,12 +86,12 @@ def _timed(exchange, collectives: Collectives) -> TimedExchange | None:
 class RankTrainer:
     """One rank's training state and its step loop."""
 
-    def __init__(self, cfg: TrainConfig, split: Split, place: Place):
-        self.cfg, self.split, self.place = cfg, split, place
-        self.device = torch.device(f"cuda:{place.local_rank}") if cfg.backend == "nccl" else torch.device("cpu")
+    def __init__(self, cfg: TrainConfig, split: Split, placement: Placement):
+        self.cfg, self.split, self.placement = cfg, split, placement
+        self.place, self.device = placement.place, placement.device
         torch.manual_seed(cfg.seed)  # dense parameters: the same initial values on every rank
         self.collectives = Collectives()
-        self.exchanges = Exchanges.build(cfg, self.collectives)
+        self.exchanges = Exchanges.build(cfg, placement, self.collectives)
         self.table = ShardedEmbedding(split.num_items, cfg.d_model, exchange=self.exchanges.table,
                                       init_seed=cfg.seed, lr=cfg.emb_lr, device=self.device,
                                       fetch_exchange=self.exchanges.fetch)
@@ -121,15 +113,10 @@ class RankTrainer:
     def run(self, loader: SequenceLoader) -> list[StepRecord]:
         """``cfg.steps`` steps (epochs cycled); one record per step."""
         records = []
-        prefetch = self.exchanges.prefetch
         started = time.perf_counter()
         for stats in self.scheduler.run(self._steps(loader), ids=lambda mb: mb.ids.to(self.device),
                                         compute=self._compute, step_end=self._step_end):
-            wall = time.perf_counter() - started
-            joined = max(stats.exposed_s - prefetch.main_s, 0.0) if prefetch is not None else 0.0
-            records.append(self._record(self._pending.popleft(), stats, wall, joined))
-            if prefetch is not None:
-                prefetch.main_s = 0.0
+            records.append(self._record(self._pending.popleft(), stats, time.perf_counter() - started))
             started = time.perf_counter()
         return records
 
@@ -142,7 +129,7 @@ class RankTrainer:
                 if taken == cfg.steps:
                     return
                 targets = torch.tensor([sum(num_targets(mb.offsets) for mb in step)], dtype=torch.int64)
-                self.collectives.timed(dist.all_reduce, targets)
+                self.collectives.timed(self.placement.host.all_reduce, targets)
                 prepared = [self._prepare(mb, epoch, number, max(int(targets), 1)) for mb in step]
                 self._pending.append(prepared)
                 yield prepared
@@ -167,17 +154,17 @@ class RankTrainer:
         for p in self.model.parameters():
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-            self.collectives.timed(dist.all_reduce, p.grad)
+            self.collectives.timed(self.placement.device_group.all_reduce, p.grad)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=False)
         self.exchanges.step()
 
-    def _record(self, step: list[Prepared], stats: StepStats, wall: float, joined: float) -> StepRecord:
-        """The step's record; `joined`: seconds the main thread waited for the prefetch thread."""
-        wait, comm = self.collectives.settle()
+    def _record(self, step: list[Prepared], stats: StepStats, wall: float) -> StepRecord:
+        """The step's record: every collective of the step, prefetches included, ran on this thread and is timed."""
+        wait, comm = self.collectives.settle(self.placement.host)
         return StepRecord(
-            step=stats.step, rank=self.place.rank, step_s=wall, compute_s=max(0.0, wall - wait - comm - joined),
-            comm_s=comm + joined, wait_s=wait, loss=sum(self.losses[-len(step):]),
+            step=stats.step, rank=self.place.rank, step_s=wall, compute_s=max(0.0, wall - wait - comm),
+            comm_s=comm, wait_s=wait, loss=sum(self.losses[-len(step):]),
             samples=sum(mb.samples for mb in step), tokens=sum(mb.rows.numel() for mb in step),
             exclusive_rows=stats.exclusive, collided_rows=stats.collisions, hidden_comm_s=stats.hidden_s,
             bins=[mb.features() for mb in step])

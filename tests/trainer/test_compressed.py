@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from tests.cuda_ext.test_compress import assert_within_bound
 from tests.trainer.dist import LoopbackExchange, run_world
-from trainer.transport import make_exchange
+from trainer.transport import Transport, make_exchange
 from trainer.transport.compressed import CompressedExchange, ErrorBoundSchedule, compressed_exchanges
 from trainer.transport.torch_dist import TorchExchange
 
@@ -32,11 +33,12 @@ def test_exchange_steps_schedule_and_passes_integers():
         items.step()
     assert items.eb == 1e-2
     ids = torch.arange(5)
-    assert torch.equal(items.all_to_all(ids, [5], [5]), ids)
+    assert torch.equal(items.all_to_all(ids, [5], [5]).wait(), ids)
 
 
 def _exchange_worker(rank: int, world: int) -> None:
-    ex = make_exchange("gloo", compress=ErrorBoundSchedule(1e-2, decay_steps=10))
+    ex = make_exchange(Transport.GLOO, dist.group.WORLD, torch.device("cpu"),
+                       compress=ErrorBoundSchedule(1e-2, decay_steps=10))
     inner = ex.inner  # the exact exchange underneath, over the same group
     assert isinstance(ex, CompressedExchange) and isinstance(inner, TorchExchange)
     g = torch.Generator().manual_seed(rank)
@@ -45,17 +47,20 @@ def _exchange_worker(rank: int, world: int) -> None:
     recv_counts = ex.exchange_counts(send_counts)
     for dtype in (torch.float32, torch.bfloat16):
         rows = (torch.randn(sum(send_counts), 16, generator=g) * 0.05).to(dtype)
-        plain = inner.all_to_all(rows, send_counts, recv_counts)
-        got = ex.all_to_all(rows, send_counts, recv_counts)
+        plain = inner.all_to_all(rows, send_counts, recv_counts).wait()
+        pending = ex.all_to_all(rows, send_counts, recv_counts)  # in flight
+        got = pending.wait()
+        assert pending.wait() is got  # a second wait gives the same rows
         assert_within_bound(plain, got, ex.eb)
     ids = torch.randint(0, 1000, (sum(send_counts),), generator=g)
-    assert torch.equal(ex.all_to_all(ids, send_counts, recv_counts), inner.all_to_all(ids, send_counts, recv_counts))
+    assert torch.equal(ex.all_to_all(ids, send_counts, recv_counts).wait(),
+                       inner.all_to_all(ids, send_counts, recv_counts).wait())
     flags = (ids % 2).to(torch.uint8)
-    assert torch.equal(ex.all_to_all(flags, send_counts, recv_counts),
-                       inner.all_to_all(flags, send_counts, recv_counts))
+    assert torch.equal(ex.all_to_all(flags, send_counts, recv_counts).wait(),
+                       inner.all_to_all(flags, send_counts, recv_counts).wait())
     ex.step()
     empty = torch.empty(0, 16)
-    assert ex.all_to_all(empty, [0] * world, [0] * world).shape == (0, 16)
+    assert ex.all_to_all(empty, [0] * world, [0] * world).wait().shape == (0, 16)
 
 
 @pytest.mark.parametrize("world", [2, 3])

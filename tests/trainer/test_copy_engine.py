@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tests.trainer.dist import run_world
-from trainer.transport import copy_engine, make_exchange
+from trainer.transport import Transport, copy_engine, make_exchange
 from trainer.transport.copy_engine import CopyEngineExchange, receive_offsets
 from trainer.transport.torch_dist import TorchExchange
 
@@ -21,18 +21,30 @@ def cuda_cache(tmp_path_factory, monkeypatch):
 def test_ce_without_cuda_says_what_to_use(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(RuntimeError, match=r"transport 'ce' needs CUDA devices.*'gloo'.*'nccl'"):
-        make_exchange("ce")
+        make_exchange(Transport.CE, None, torch.device("cuda", 0))
 
 
 def test_unknown_transport_lists_ce():
-    with pytest.raises(ValueError, match=r"unknown exchange transport 'shm'; choose one of \['ce', 'gloo', 'nccl'\]"):
-        make_exchange("shm")
+    with pytest.raises(ValueError, match=r"transport must be 'gloo', 'nccl' or 'ce', got 'shm'"):
+        Transport.parse("shm")
 
 
-def test_device_index():
+def test_ce_needs_what_it_declares():
+    # rows on the rank's GPU, counts, IPC handles and barriers over a host (gloo) group
+    assert Transport.CE.needs_cuda and Transport.CE.group == "host"
+    assert Transport.NCCL.needs_cuda and Transport.NCCL.group == "device"
+    assert not Transport.GLOO.needs_cuda and Transport.GLOO.group == "host"
+
+
+def test_device_index_is_explicit():
+    # every entry point takes the rank's device: no "current device" fallback
     assert copy_engine._cuda_index("cuda:2") == 2 and copy_engine._cuda_index(1) == 1
-    with pytest.raises(ValueError, match="device 'cpu' is not a CUDA device"):
+    with pytest.raises(ValueError, match="device 'cpu' is not one CUDA device"):
         copy_engine._cuda_index("cpu")
+    with pytest.raises(ValueError, match="device 'cuda' is not one CUDA device; give 'cuda:N' or N"):
+        copy_engine._cuda_index("cuda")
+    with pytest.raises(TypeError, match="device"):
+        CopyEngineExchange(None)  # the device is a required keyword
 
 
 @pytest.mark.parametrize("world", [1, 2, 5])
@@ -57,8 +69,8 @@ def _payload(rows: int, trailing: tuple[int, ...], dtype: torch.dtype, gen: torc
 
 
 def _matches_gloo(rank: int, world: int, two_nodes: bool, spread: bool = False) -> None:
-    torch.cuda.set_device(rank % torch.cuda.device_count() if spread else 0)  # spread: peer copies between GPUs
-    exchange = CopyEngineExchange(None, priority=-1, node=f"n{rank % 2}" if two_nodes else "n0")
+    device = torch.device("cuda", rank % torch.cuda.device_count() if spread else 0)  # spread: peer copies
+    exchange = CopyEngineExchange(None, device=device, priority=-1, node=f"n{rank % 2}" if two_nodes else "n0")
     reference = TorchExchange(None)
     gen = torch.Generator().manual_seed(rank)
     for dtype, trailing in CASES:
@@ -68,8 +80,8 @@ def _matches_gloo(rank: int, world: int, two_nodes: bool, spread: bool = False) 
             recv_counts = exchange.exchange_counts(send_counts)
             assert recv_counts == reference.exchange_counts(send_counts)
             send = _payload(sum(send_counts), trailing, dtype, gen)  # (S, *trailing)
-            got = exchange.all_to_all(send.cuda(), send_counts, recv_counts)
-            want = reference.all_to_all(send, send_counts, recv_counts)
+            got = exchange.all_to_all(send.to(device), send_counts, recv_counts).wait()
+            want = reference.all_to_all(send, send_counts, recv_counts).wait()
             assert got.device.type == "cuda" and got.dtype == dtype and got.shape == want.shape
             assert torch.equal(got.cpu(), want), (rank, dtype, trailing, scale)
     exchange.close()
@@ -95,16 +107,16 @@ def test_ce_host_staged_across_nodes_equals_gloo(cuda_cache):
 
 
 def _no_kernel_and_errors(rank: int, world: int) -> None:
-    torch.cuda.set_device(0)
+    device = torch.device("cuda", 0)
     with pytest.raises(ValueError, match="priority 99 is outside"):
-        CopyEngineExchange(None, priority=99)
-    exchange = CopyEngineExchange(None)
-    send = torch.arange(4 * world, dtype=torch.float32, device="cuda").reshape(2 * world, 2)  # (2W, 2)
+        CopyEngineExchange(None, device=device, priority=99)
+    exchange = CopyEngineExchange(None, device=device)
+    send = torch.arange(4 * world, dtype=torch.float32, device=device).reshape(2 * world, 2)  # (2W, 2)
     counts = [2] * world
-    exchange.all_to_all(send, counts, counts)  # warm-up: buffers and mappings
+    exchange.all_to_all(send, counts, counts).wait()  # warm-up: buffers and mappings
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        exchange.all_to_all(send, counts, counts)
-        torch.cuda.synchronize()
+        exchange.all_to_all(send, counts, counts).wait()
+        torch.cuda.synchronize(device)
     kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
                and not e.name.lower().startswith(("memcpy", "memset"))]
     assert kernels == [], kernels

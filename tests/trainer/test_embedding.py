@@ -1,10 +1,11 @@
 """ShardedEmbedding and the exchange against an unsharded reference table with the same row-wise Adagrad."""
 import pytest
 import torch
+import torch.distributed as dist
 
 from tests.trainer.dist import LoopbackExchange, run_world
 from trainer.embedding import INIT_CHUNK_ROWS, ShardedEmbedding, reference_table
-from trainer.transport import Exchange, make_exchange
+from trainer.transport import Exchange, Transport, make_exchange
 from trainer.transport.torch_dist import TorchExchange
 
 NUM_ITEMS, DIM, LR, EPS = 23, 4, 0.1, 1e-8
@@ -39,16 +40,16 @@ def reference_adagrad(table, acc, grad):
 
 
 def _check_exchange(rank, world):
-    ex = make_exchange("gloo")
+    ex = make_exchange(Transport.GLOO, dist.group.WORLD, torch.device("cpu"))
     # rank r sends j + 1 rows to each rank j > r and nothing to ranks <= r: rank world-1 sends nothing
     send_counts = [j + 1 if j > rank else 0 for j in range(world)]
     recv_counts = ex.exchange_counts(send_counts)
     assert recv_counts == [rank + 1 if rank > j else 0 for j in range(world)]
     send = torch.cat([torch.full((c, 2, 3), float(10 * rank + j)) for j, c in enumerate(send_counts)])
-    recv = ex.all_to_all(send, send_counts, recv_counts)
+    recv = ex.all_to_all(send, send_counts, recv_counts).wait()
     expect = torch.cat([torch.full((c, 2, 3), float(10 * j + rank)) for j, c in enumerate(recv_counts)])
     assert torch.equal(recv, expect)
-    empty = ex.all_to_all(torch.zeros(0, dtype=torch.int64), [0] * world, [0] * world)  # nobody sends
+    empty = ex.all_to_all(torch.zeros(0, dtype=torch.int64), [0] * world, [0] * world).wait()  # nobody sends
     assert empty.shape == (0,) and empty.dtype == torch.int64
     with pytest.raises(ValueError, match="send_counts has 1 entries but the group has"):
         ex.all_to_all(send, [send.shape[0]], recv_counts)
@@ -127,7 +128,12 @@ def test_bad_arguments_raise():
         ShardedEmbedding(NUM_ITEMS, DIM, exchange=ex, init_seed=0).lookup(torch.tensor([1.0]))
     with pytest.raises(ValueError, match="num_items=0"):
         ShardedEmbedding(0, DIM, exchange=ex, init_seed=0)
-    with pytest.raises(ValueError, match=r"unknown exchange transport 'rdma'; choose one of \['ce', 'gloo', 'nccl'\]"):
-        make_exchange("rdma")
-    with pytest.raises(ValueError, match="prefetch=True creates the prefetch thread's own process group; pass group=None"):
-        make_exchange("gloo", object(), prefetch=True)
+    with pytest.raises(ValueError, match=r"transport must be 'gloo', 'nccl' or 'ce', got 'rdma'"):
+        Transport.parse("rdma")
+    with pytest.raises(TypeError, match=r"transport must be a trainer.transport.Transport, got 'gloo'; use "
+                                        r"Transport.parse\(name\)"):
+        make_exchange("gloo", None, torch.device("cpu"))
+    with pytest.raises(ValueError, match=r"transport 'nccl' moves rows on a CUDA device, but the rank's device is cpu"):
+        make_exchange(Transport.NCCL, None, torch.device("cpu"))
+    with pytest.raises(ValueError, match=r"transport 'gloo' moves rows on the CPU, but the rank's device is cuda:1"):
+        make_exchange(Transport.GLOO, None, torch.device("cuda", 1))

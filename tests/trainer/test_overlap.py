@@ -1,12 +1,14 @@
 """Overlap on and off give the same losses and parameters, with collisions and exclusive rows present."""
+import threading
+
 import pytest
 import torch
 import torch.distributed as dist
 
-from tests.trainer.dist import LoopbackExchange, run_world
+from tests.trainer.dist import LoopbackExchange, Ready, run_world
 from trainer.embedding import ShardedEmbedding
 from trainer.overlap import OverlapScheduler
-from trainer.transport import make_exchange
+from trainer.transport import Transport, make_exchange
 from trainer.transport.torch_dist import TorchExchange
 
 NUM_ITEMS, DIM, STEPS, MICRO = 61, 4, 20, 2
@@ -45,7 +47,7 @@ def train(scheduler, steps, dense):
 
 
 def _check_overlap(rank, world):
-    prefetch = make_exchange("gloo", prefetch=True)
+    prefetch = make_exchange(Transport.GLOO, dist.new_group(backend="gloo"), torch.device("cpu"))  # its own group
     steps = make_steps(rank)
     results = {}
     for overlap in (False, True):
@@ -71,6 +73,49 @@ def test_overlap_equals_plain_schedule(world):
     run_world(_check_overlap, world)
 
 
+class LoggedExchange(LoopbackExchange):
+    """A one-rank exchange that logs when its row all-to-alls (2-D sends) start and are waited for."""
+
+    def __init__(self, log: list[str]):
+        super().__init__()
+        self.log = log
+
+    def all_to_all(self, send, send_counts, recv_counts):
+        if send.dim() != 2:
+            return Ready(send.clone())
+        self.log.append("start rows")
+        log = self.log
+
+        class Logged(Ready):
+            def wait(self):
+                log.append("wait rows")
+                return super().wait()
+
+        return Logged(send.clone())
+
+
+def test_the_prefetch_rows_travel_while_the_previous_microbatch_computes():
+    # on the calling thread, no other: start the next microbatch's rows, compute this one, then wait
+    log: list[str] = []
+    emb = ShardedEmbedding(NUM_ITEMS, DIM, exchange=LoopbackExchange(), init_seed=5, lr=0.1)
+    scheduler = OverlapScheduler(emb, overlap=True, prefetch_exchange=LoggedExchange(log))
+    steps = make_steps(0)[:2]
+    computed = []
+
+    def compute(mb, rows):
+        log.append("compute")
+        computed.append(threading.get_ident())
+        rows.sum().backward()
+
+    list(scheduler.run(steps, ids=lambda mb: mb[0], compute=compute))
+    assert set(computed) == {threading.get_ident()}
+    # step 0: its first fetch, then (start next, compute, wait) per microbatch, the last prefetch's exclusive rows
+    # before the update, its collided rows after it; step 1's last microbatch prefetches nothing
+    at_once = ["start rows", "wait rows"]  # the first fetch; the collided rows after the update
+    overlapped = ["start rows", "compute", "wait rows"]
+    assert log == at_once + overlapped + overlapped + at_once + overlapped + ["compute"]
+
+
 def test_overlap_needs_a_prefetch_exchange():
     emb = ShardedEmbedding(NUM_ITEMS, DIM, exchange=LoopbackExchange(), init_seed=0)
     with pytest.raises(ValueError, match="overlap=True needs prefetch_exchange"):
@@ -79,7 +124,7 @@ def test_overlap_needs_a_prefetch_exchange():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_overlap_on_cuda_stream_single_rank():
+def test_overlap_on_cuda_single_rank():
     emb = ShardedEmbedding(NUM_ITEMS, DIM, exchange=LoopbackExchange(), init_seed=5, lr=0.1, device="cuda")
     plain = ShardedEmbedding(NUM_ITEMS, DIM, exchange=LoopbackExchange(), init_seed=5, lr=0.1, device="cuda")
     steps = [[(ids.cuda(), t.cuda()) for ids, t in step] for step in make_steps(0)]

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from cuda_ext.compress import DTYPES, code_bits, compress, decompress
-from trainer.transport.base import Exchange
+from trainer.transport.base import Exchange, Pending
 
 
 @dataclass(frozen=True)
@@ -46,8 +46,9 @@ class CompressedExchange:
     (ids, counts, flags) through `inner` untouched.
 
     Float payload on rank r: each destination's rows (send_counts[j] of them) compress to their own payload;
-    the byte sizes go first (one int64 per peer), then the bytes, through `inner`; each received payload
-    decompresses to recv_counts[j] rows. Rows come back with the sender's dtype, within eb * row range.
+    the byte sizes go first (one int64 per peer, waited for: they size the receive), then the bytes, through
+    `inner`; `wait()` decompresses each received payload to recv_counts[j] rows. Rows come back with the
+    sender's dtype, within eb * row range.
     """
 
     def __init__(self, inner: Exchange, schedule: ErrorBoundSchedule, *, step: int = 0):
@@ -67,7 +68,7 @@ class CompressedExchange:
     def exchange_counts(self, send_counts: list[int]) -> list[int]:
         return self.inner.exchange_counts(send_counts)
 
-    def all_to_all(self, send: Tensor, send_counts: list[int], recv_counts: list[int]) -> Tensor:
+    def all_to_all(self, send: Tensor, send_counts: list[int], recv_counts: list[int]) -> Pending:
         if send.dim() != 2 or send.dtype not in DTYPES:
             return self.inner.all_to_all(send, send_counts, recv_counts)
         if send.shape[0] != sum(send_counts) or len(send_counts) != self.world_size:
@@ -77,14 +78,27 @@ class CompressedExchange:
         payloads = [compress(segment, self.eb) for segment in send.split(list(send_counts))]
         sizes = torch.tensor([p.numel() for p in payloads], dtype=torch.int64, device=send.device)  # (W,)
         ones = [1] * self.world_size
-        recv_sizes = self.inner.all_to_all(sizes, ones, ones).tolist()  # (W,)
+        recv_sizes = self.inner.all_to_all(sizes, ones, ones).wait().tolist()  # (W,)
         received = self.inner.all_to_all(torch.cat(payloads), [p.numel() for p in payloads], recv_sizes)
-        rows = [decompress(p) for p in received.split(recv_sizes)]
-        for j, (got, want) in enumerate(zip(rows, recv_counts)):
-            if got.shape[0] != want:
-                raise ValueError(f"rank {j} sent {got.shape[0]} compressed rows but recv_counts[{j}] is {want}; "
-                                 f"recv_counts must come from exchange_counts(send_counts)")
-        return torch.cat(rows)
+        return _Decoded(received, recv_sizes, list(recv_counts))
+
+
+class _Decoded:
+    """Compressed payloads under way: `wait()` decompresses them into the rows (sum(recv_counts), d)."""
+
+    def __init__(self, received: Pending, recv_sizes: list[int], recv_counts: list[int]) -> None:
+        self._received, self._sizes, self._counts = received, recv_sizes, recv_counts
+        self._rows: Tensor | None = None
+
+    def wait(self) -> Tensor:
+        if self._rows is None:
+            rows = [decompress(p) for p in self._received.wait().split(self._sizes)]
+            for j, (got, want) in enumerate(zip(rows, self._counts)):
+                if got.shape[0] != want:
+                    raise ValueError(f"rank {j} sent {got.shape[0]} compressed rows but recv_counts[{j}] is {want}; "
+                                     f"recv_counts must come from exchange_counts(send_counts)")
+            self._rows = torch.cat(rows)
+        return self._rows
 
 
 def compressed_exchanges(inner: Exchange, schedules: Mapping[str, ErrorBoundSchedule]) -> dict[str, CompressedExchange]:

@@ -1,7 +1,8 @@
 """`ce`: all-to-all-v on GPU copy engines (CUDA IPC + cudaMemcpyAsync), no kernel in the transfer path.
 
 Built on `cuda_ext.bindings` (ce.cu). Layout as `trainer.transport.base` (rows along dim 0, any trailing shape
-and dtype). One call on rank r:
+and dtype). One call on rank r (`all_to_all` runs steps 1-4 and returns a handle; its `wait()` runs 5-6, so the
+copies run on the copy engines while the caller computes):
 
     1. wait until this rank's previous receive was copied out, grow its receive buffer if it is too small
     2. all-gather over the CPU group: (send_counts (W,), row_bytes, buffer generation) of every rank
@@ -33,14 +34,15 @@ from trainer.transport.torch_dist import TorchExchange
 MIN_BUFFER_BYTES = 1 << 20
 
 
-def _cuda_index(device: torch.device | str | int | None) -> int:
-    """The CUDA device index of `device` (None or "cuda": torch's current device)."""
+def _cuda_index(device: torch.device | str | int) -> int:
+    """The CUDA device index of `device` ("cuda:N" or N; a bare "cuda" names no device and is refused)."""
     if isinstance(device, int):
         return device
-    dev = torch.device("cuda") if device is None else torch.device(device)
-    if dev.type != "cuda":
-        raise ValueError(f"device {device!r} is not a CUDA device; give 'cuda:N', N, or None for the current one")
-    return torch.cuda.current_device() if dev.index is None else dev.index
+    dev = torch.device(device)
+    if dev.type != "cuda" or dev.index is None:
+        raise ValueError(f"device {device!r} is not one CUDA device; give 'cuda:N' or N (the rank's own GPU, "
+                         f"from trainer.place.Placement.device)")
+    return dev.index
 
 
 def receive_offsets(counts: Tensor) -> Tensor:
@@ -57,12 +59,13 @@ class CopyEngineExchange:
     group: a process group that carries CPU tensors (backend "gloo" or "cpu:gloo,cuda:nccl"); counts,
     handles, barriers and the cross-node bytes go over it. priority: of the dedicated copy stream, CUDA's
     scale (lower is more urgent; 0 is the default, e.g. -1 for a prefetch ahead of other work). device: this
-    rank's GPU (default: torch's current device). node: ranks with equal names use IPC (default: hostname).
+    rank's GPU, named explicitly: streams, events, buffers and copies are all made there, whatever torch's current
+    device is. node: ranks with equal names use IPC (default: hostname).
     Every rank of the group constructs it (a collective), then calls its methods in the same order.
     """
 
-    def __init__(self, group: dist.ProcessGroup | None = None, *, priority: int = 0,
-                 device: torch.device | str | int | None = None, node: str | None = None):
+    def __init__(self, group: dist.ProcessGroup | None, *, device: torch.device | str | int, priority: int = 0,
+                 node: str | None = None):
         if not torch.cuda.is_available():
             raise RuntimeError("exchange transport 'ce' needs CUDA devices, but torch.cuda.is_available() is "
                                "False; use transport 'gloo' on CPU (or 'nccl' for SM-based GPU transfers)")
@@ -86,6 +89,7 @@ class CopyEngineExchange:
         self._copied = bindings.event_create(dev)  # on the copy stream: this rank's copies are done
         self._read = bindings.event_create(dev)  # on the caller's stream: the buffer was copied out
         self._read_pending = False
+        self._in_flight = False  # an all_to_all started and not yet waited for
         nodes: list[str | None] = [None] * self.world_size
         dist.all_gather_object(nodes, node or socket.gethostname(), group=group)
         self._local = [n == nodes[self.rank] for n in nodes]  # (W,) peers reachable by IPC
@@ -100,11 +104,17 @@ class CopyEngineExchange:
     def exchange_counts(self, send_counts: list[int]) -> list[int]:
         return self._counts.exchange_counts(send_counts)
 
-    def all_to_all(self, send: Tensor, send_counts: list[int], recv_counts: list[int]) -> Tensor:
+    def all_to_all(self, send: Tensor, send_counts: list[int], recv_counts: list[int]) -> _CopyEngineWork:
+        """Steps 1-4 of the protocol above: the copies are queued on the copy stream when this returns; the
+        handle's `wait()` runs steps 5-6 (host synchronisation, staged bytes, barrier, copy-out on the caller's
+        stream). One call in flight per exchange: wait for it before the next."""
         check_split(send, send_counts, recv_counts, self.world_size)
         if send.device != self.device:
             raise ValueError(f"send is on {send.device} but this exchange copies on {self.device}; move it "
                              f"there or construct the exchange with device={send.device}")
+        if self._in_flight:
+            raise ValueError("this copy-engine exchange still has an all_to_all in flight (its buffer is in use); "
+                             "wait() for it before starting the next, or use a second exchange")
         send = send.contiguous()
         row_bytes = math.prod(send.shape[1:]) * send.element_size()
         if self._read_pending:  # peers write into the buffer only after this rank joins the gather below
@@ -112,23 +122,32 @@ class CopyEngineExchange:
         self._reserve(sum(recv_counts) * row_bytes)
         counts = self._gather_counts(send_counts, recv_counts, row_bytes)  # (W, W)
         offsets = receive_offsets(counts) * row_bytes  # (W, W) byte offsets into each receiver's buffer
-        caller = torch.cuda.current_stream(self.device).cuda_stream
-        bindings.event_record(self._sent, caller)
+        bindings.event_record(self._sent, torch.cuda.current_stream(self.device).cuda_stream)
         bindings.stream_wait_event(self._stream, self._sent)
         sent = counts[self.rank] * row_bytes  # (W,) bytes for each destination
         host_segments = self._send(send.data_ptr(), sent, torch.cumsum(sent, 0) - sent, offsets)
+        self._in_flight = True
+        return _CopyEngineWork(self, send, list(recv_counts), host_segments, counts[:, self.rank] * row_bytes,
+                               offsets[:, self.rank])
+
+    def _finish(self, send: Tensor, recv_counts: list[int], host_segments: list[int], incoming: Tensor,
+                offsets: Tensor) -> Tensor:
+        """Steps 5-6: the copies are done everywhere, then recv is copied out of the buffer on the caller's stream.
+
+        incoming, offsets: (W,) bytes this rank receives from each rank and where they start in its buffer."""
         self._synchronize()
         if self._staged:
-            self._receive_staged(host_segments, counts[:, self.rank] * row_bytes, offsets[:, self.rank])
+            self._receive_staged(host_segments, incoming, offsets)
         dist.barrier(group=self.group)  # every rank's copies into every buffer have landed
         for ptr in self._retired:
             bindings.free(self.device.index, ptr)
         self._retired.clear()
+        caller = torch.cuda.current_stream(self.device).cuda_stream
         recv = send.new_empty((sum(recv_counts), *send.shape[1:]))  # (sum(recv_counts), *trailing)
         if recv.numel():
             bindings.memcpy_async(recv.data_ptr(), self._buffer, recv.numel() * recv.element_size(), caller)
         bindings.event_record(self._read, caller)
-        self._read_pending = True
+        self._read_pending, self._in_flight = True, False
         return recv
 
     def _reserve(self, nbytes: int) -> None:
@@ -216,6 +235,8 @@ class CopyEngineExchange:
 
     def close(self) -> None:
         """Release the mappings, buffers, events and stream (a collective: peers must not copy any more)."""
+        if self._in_flight:
+            raise ValueError("close() with an all_to_all in flight: wait() for it first")
         dist.barrier(group=self.group)
         if self._read_pending:
             bindings.event_synchronize(self._read)
@@ -232,3 +253,19 @@ class CopyEngineExchange:
         bindings.stream_destroy(self._stream)
         self._peer_ptrs, self._retired, self._buffer, self._capacity = [0] * self.world_size, [], 0, 0
         self._read_pending = False
+
+
+class _CopyEngineWork:
+    """A copy-engine all_to_all whose copies are queued: `wait()` completes it (a collective over the host group:
+    every rank waits its handles in the order it started them)."""
+
+    def __init__(self, exchange: CopyEngineExchange, send: Tensor, recv_counts: list[int], host_segments: list[int],
+                 incoming: Tensor, offsets: Tensor) -> None:
+        self._exchange, self._send, self._args = exchange, send, (recv_counts, host_segments, incoming, offsets)
+        self._recv: Tensor | None = None
+
+    def wait(self) -> Tensor:
+        if self._recv is None:
+            self._recv = self._exchange._finish(self._send, *self._args)
+            self._send = None  # the copies that read it are done
+        return self._recv

@@ -8,6 +8,19 @@ from torch import Tensor
 from trainer.transport.base import check_counts, check_split
 
 
+class _Work:
+    """An `all_to_all_single` under way: `wait()` blocks (gloo) or orders the current stream after it (nccl)."""
+
+    def __init__(self, work: dist.Work, recv: Tensor, send: Tensor) -> None:
+        self._work, self._recv, self._send = work, recv, send  # send: alive until the exchange is done
+
+    def wait(self) -> Tensor:
+        if self._work is not None:
+            self._work.wait()
+            self._work = self._send = None
+        return self._recv
+
+
 class TorchExchange:
     """`torch.distributed.all_to_all_single` over `group` (gloo on CPU, nccl on GPU).
 
@@ -27,9 +40,10 @@ class TorchExchange:
         dist.all_to_all_single(recv, send, group=self.group)
         return recv.tolist()
 
-    def all_to_all(self, send: Tensor, send_counts: list[int], recv_counts: list[int]) -> Tensor:
+    def all_to_all(self, send: Tensor, send_counts: list[int], recv_counts: list[int]) -> _Work:
         check_split(send, send_counts, recv_counts, self.world_size)
+        send = send.contiguous()
         recv = send.new_empty((sum(recv_counts), *send.shape[1:]))  # (sum(recv_counts), *trailing)
-        dist.all_to_all_single(recv, send.contiguous(), output_split_sizes=list(recv_counts),
-                               input_split_sizes=list(send_counts), group=self.group)
-        return recv
+        work = dist.all_to_all_single(recv, send, output_split_sizes=list(recv_counts),
+                                      input_split_sizes=list(send_counts), group=self.group, async_op=True)
+        return _Work(work, recv, send)
