@@ -8,8 +8,9 @@ without any rank waiting for the rank that trains it (its time is ``max(total / 
   core opened by a sample of cost ``top`` has R virtual ranks of room ``top`` each; a heavy sample joins
   the core whose remaining room (less what the core's step will receive from light samples, ``mean_light``
   per free slot) it fills best, on its emptiest virtual rank, so every core stays packable onto R ranks.
-  A sample that fits no core opens the next one; once K are open, it joins the core with the most room
-  in one rank (the first of equal ones). Cores never pass ``size`` samples, nor ``token_room`` tokens
+  A sample that fits no core opens the next one; once K are open, the core holding the least cost (the
+  first of equal ones) gets another *layer* (its top again on every virtual rank) and takes it, so heavy
+  samples pile onto steps about R at a time and every rank of a step holds about as many of them. Cores never pass ``size`` samples, nor ``token_room`` tokens
   counting ``mean_light_tokens`` per free slot.
 - ``repair``: steps whose costliest sample still outweighs their total over R (a *deficit*) swap their
   lightest light samples for the costliest light samples of steps with room to spare, while the donor
@@ -29,6 +30,8 @@ def gather_cores(heavy, costs, lengths, n_steps, ranks, size, mean_light, mean_l
     """Core (0 .. n_cores-1) of each sample of ``heavy`` (H,) (indices, costliest first); returns
     ``(core (H,) int64, n_cores)``."""
     room = np.zeros((n_steps, ranks))  # (K, R) virtual ranks' room
+    layer = np.zeros(n_steps)  # each core's top: the room one more layer adds to each virtual rank
+    spent = np.zeros(n_steps)  # cost each core holds
     best_rank = np.zeros(n_steps, dtype=np.int64)
     best_room = np.zeros(n_steps)
     total_room = np.zeros(n_steps)
@@ -62,13 +65,19 @@ def gather_cores(heavy, costs, lengths, n_steps, ranks, size, mean_light, mean_l
             best_rank[chosen] = 0
             best_room[chosen] = h
             total_room[chosen] = ranks * h
-        if chosen < 0:
+            layer[chosen] = h
+        if chosen < 0:  # every step has a core and none has room: the lightest core gets another layer
             for c in range(n_cores):
-                if count[c] < size and (chosen < 0 or best_room[c] > best_room[chosen]):
+                if count[c] < size and (chosen < 0 or spent[c] < spent[chosen]):
                     chosen = c
+            for r in range(ranks):
+                room[chosen, r] += layer[chosen]
+            best_room[chosen] += layer[chosen]
+            total_room[chosen] += ranks * layer[chosen]
         r = best_rank[chosen]
         room[chosen, r] -= h
         total_room[chosen] -= h
+        spent[chosen] += h
         count[chosen] += 1
         tokens[chosen] += t
         top = 0
@@ -98,15 +107,20 @@ def gather_cores_ref(heavy, costs, lengths, n_steps, ranks, size, mean_light, me
         if candidates:
             chosen = min(candidates)[2]
         elif len(cores) < n_steps:
-            cores.append({"room": [h] * ranks, "total": ranks * h, "count": 0, "tokens": 0.0})
+            cores.append({"room": [h] * ranks, "total": ranks * h, "layer": h, "spent": 0.0, "count": 0,
+                          "tokens": 0.0})
             chosen = len(cores) - 1
         else:
             open_cores = [c for c, core in enumerate(cores) if core["count"] < size]
-            chosen = max(open_cores, key=lambda c: (max(cores[c]["room"]), -c))
+            chosen = min(open_cores, key=lambda c: (cores[c]["spent"], c))
+            core = cores[chosen]
+            core["room"] = [room + core["layer"] for room in core["room"]]
+            core["total"] += ranks * core["layer"]
         core = cores[chosen]
         r = core["room"].index(max(core["room"]))
         core["room"][r] -= h
         core["total"] -= h
+        core["spent"] += h
         core["count"] += 1
         core["tokens"] += t
         out.append(chosen)
