@@ -129,6 +129,9 @@ def _train(sub) -> None:
     p.add_argument("--steps", type=int, default=250, help="optimizer steps (default 250: ~50 MovieLens epochs)")
     p.add_argument("--balance", choices=("on", "off"), default="on",
                    help="on: the loader's balanced planner; off: count split (naive)")
+    p.add_argument("--compose", choices=("on", "off"), default="on",
+                   help="with --balance on: compose steps across the loader's windows of 16 steps (heavy histories "
+                        "share steps that can be balanced); off: plan the shuffled order's steps")
     p.add_argument("--overlap", choices=("on", "off"), default="on",
                    help="prefetch the next microbatch's embedding exchange beside compute")
     p.add_argument("--metrics-out", help="per rank and step JSONL (and FILE.summary.json)")

@@ -14,8 +14,8 @@ def run(args: argparse.Namespace) -> int:
         data = args.data or _bundled_movielens(Path(tmp))
         cfg = TrainConfig(
             data=data, nproc=args.nproc, backend=args.backend, transport=args.transport, steps=args.steps,
-            balance=args.balance == "on",
-            overlap=args.overlap == "on", metrics_out=args.metrics_out, microbatches=args.microbatches,
+            balance=args.balance == "on", compose=args.compose == "on", overlap=args.overlap == "on",
+            metrics_out=args.metrics_out, microbatches=args.microbatches,
             samples_per_step=args.samples_per_step, d_model=args.d_model, num_layers=args.layers,
             num_heads=args.heads, attention=args.attention, dropout=args.dropout, max_len=args.max_len,
             negatives=args.negatives, lr=args.lr, emb_lr=args.emb_lr, seed=args.seed, loader_backend=args.loader,

@@ -24,6 +24,7 @@ class TrainConfig:
     transport: Transport | None = None  # the embedding exchange: gloo, nccl or ce (copy engines); default: backend
     steps: int = 100
     balance: bool = True
+    compose: bool = True  # with balance: steps composed across the loader's windows (loader.spec.BatchSpec)
     overlap: bool = True
     metrics_out: str | None = None
     microbatches: int = 4
@@ -69,9 +70,11 @@ class TrainConfig:
                              "start one with `ray start --head` and pass its address), or use the inline loader")
 
     def batch(self, world: int) -> BatchSpec:
-        """The shape of every step over ``world`` ranks: the balanced planner, or the count split (naive)."""
+        """The shape of every step over ``world`` ranks: the balanced planner on composed steps (``compose``), or
+        the count split (naive) of the shuffled order's steps."""
         return BatchSpec(ranks=world, microbatches=self.microbatches, samples_per_step=self.samples_per_step,
-                         seed=self.seed, planner="balanced" if self.balance else "naive")
+                         seed=self.seed, planner="balanced" if self.balance else "naive",
+                         compose=self.balance and self.compose)
 
     def error_bounds(self) -> ErrorBoundSchedule | None:
         """The forward rows' bound schedule: 2 * compress_eb decaying to compress_eb over the first half of the

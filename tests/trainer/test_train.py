@@ -92,3 +92,11 @@ def test_compressed_forward_rows_train_close_to_the_exact_run(data):
         TrainConfig(data=data, compress_eb=0.0)
     with pytest.raises(ValueError, match="compress_eb: eb=1e-06 needs 19-bit codes"):  # caught before any rank starts
         TrainConfig(data=data, compress_eb=1e-6)
+
+
+def test_the_loader_composes_steps_only_for_balanced_runs():
+    spec = TrainConfig(data="unused").batch(4)
+    assert spec.compose and spec.planner == "balanced"
+    assert not TrainConfig(data="unused", compose=False).batch(4).compose
+    off = TrainConfig(data="unused", balance=False).batch(4)  # the baseline: the shuffled order's count split
+    assert off.planner == "naive" and not off.compose
