@@ -15,7 +15,9 @@ loss and the learning-rate schedule see are unchanged. Methods:
   about ``R * h`` of work, packable onto its R ranks (``kernels.compose.gather_cores``); each core goes
   to the free step nearest to where its costliest sample was; light samples fill every step's remaining
   places in their shuffled order; steps whose costliest sample still outweighs their total over R swap
-  light samples with steps that have room (``kernels.compose.repair``). The result is kept only where
+  light samples with steps that have room (``kernels.compose.repair``); with M > 1 microbatches, steps swap
+  *bulky* samples (outweighing half a microbatch's share) so each holds a multiple of R of them where a few
+  swaps get there (``kernels.compose.even_layers``: every rank then holds as many). The result is kept only where
   its window time ``sum_k max(total_k / R, costliest_k)`` is no higher than the shuffled order's, and
   every step keeps within the token capacity of its R x M microbatches.
 - ``outlier_delay`` (reference, after WLB-LLM): heavy samples wait in a queue until R of them have
@@ -34,7 +36,7 @@ from typing import Literal
 import numpy as np
 
 from balancer.cost import DEFAULT_COST_MODEL, CostModel
-from balancer.kernels.compose import gather_cores, repair
+from balancer.kernels.compose import even_layers, gather_cores, repair
 from balancer.plan import validate_lengths
 
 ComposeMethod = Literal["giants", "outlier_delay", "shuffled"]
@@ -115,8 +117,8 @@ def compose(
     costs = (cost_model or DEFAULT_COST_MODEL).cost(lengths)
     shuffled = shuffled_steps(sizes)
     shuffled_time = window_time(costs, shuffled, len(sizes), ranks)
-    step = COMPOSERS[method](lengths, costs, sizes, int(ranks), _token_room(lengths, sizes, ranks, microbatches,
-                                                                             max_tokens))
+    token_room = _token_room(lengths, sizes, ranks, microbatches, max_tokens)
+    step = COMPOSERS[method](lengths, costs, sizes, int(ranks), int(microbatches), token_room)
     time = window_time(costs, step, len(sizes), ranks)
     if method == "giants" and (time > shuffled_time or not _fits(lengths, step, sizes, ranks, microbatches,
                                                                   max_tokens)):
@@ -137,7 +139,8 @@ def heavy_threshold(costs: np.ndarray, sizes: np.ndarray, ranks: int) -> float:
     return float(share[light[-1]]) if light.size else 0.0
 
 
-def _giants(lengths: np.ndarray, costs: np.ndarray, sizes: np.ndarray, ranks: int, token_room: float) -> np.ndarray:
+def _giants(lengths: np.ndarray, costs: np.ndarray, sizes: np.ndarray, ranks: int, microbatches: int,
+            token_room: float) -> np.ndarray:
     n_steps = len(sizes)
     heavy = np.flatnonzero(costs > heavy_threshold(costs, sizes, ranks))
     heavy = heavy[np.argsort(-costs[heavy], kind="stable")]  # costliest first, ties in window order
@@ -159,6 +162,9 @@ def _giants(lengths: np.ndarray, costs: np.ndarray, sizes: np.ndarray, ranks: in
     light = np.flatnonzero(step < 0)  # window order
     step[light] = np.repeat(np.arange(n_steps, dtype=np.int64), sizes - placed)
     repair(step, costs, lengths.astype(np.float64), light, n_steps, ranks, token_room)
+    if microbatches > 1:
+        bulky = heavy_threshold(costs, sizes, ranks * microbatches)  # half a microbatch's share
+        even_layers(step, costs, lengths.astype(np.float64), bulky, n_steps, ranks, token_room)
     return step
 
 
@@ -173,7 +179,7 @@ def _nearest_free(placed: np.ndarray, sizes: np.ndarray, home: int, count: int) 
     return int(free[np.lexsort((distance, -sizes[free]))[0]])
 
 
-def _outlier_delay(lengths: np.ndarray, costs: np.ndarray, sizes: np.ndarray, ranks: int,
+def _outlier_delay(lengths: np.ndarray, costs: np.ndarray, sizes: np.ndarray, ranks: int, microbatches: int,
                    token_room: float) -> np.ndarray:
     heavy = np.flatnonzero(costs > heavy_threshold(costs, sizes, ranks))  # (H,) window order
     # heavy q waits for the last heavy of its group of R; an incomplete last group waits for the end
@@ -190,7 +196,8 @@ def _outlier_delay(lengths: np.ndarray, costs: np.ndarray, sizes: np.ndarray, ra
     return step
 
 
-def _shuffled(lengths: np.ndarray, costs: np.ndarray, sizes: np.ndarray, ranks: int, token_room: float) -> np.ndarray:
+def _shuffled(lengths: np.ndarray, costs: np.ndarray, sizes: np.ndarray, ranks: int, microbatches: int,
+              token_room: float) -> np.ndarray:
     return shuffled_steps(sizes)
 
 

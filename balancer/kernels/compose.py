@@ -15,6 +15,9 @@ without any rank waiting for the rank that trains it (its time is ``max(total / 
 - ``repair``: steps whose costliest sample still outweighs their total over R (a *deficit*) swap their
   lightest light samples for the costliest light samples of steps with room to spare, while the donor
   step keeps its own surplus, no swap raises a step's costliest sample, and ``token_room`` holds.
+- ``even_layers``: steps swap *bulky* samples (each outweighing half a microbatch's share) for others so that
+  each step holds a multiple of R of them where a few swaps get there: then every rank of a step holds as
+  many, and no rank's extra bulky microbatch sets the lockstep time.
 
 Ties go to the lower index throughout, so kernel and twin agree exactly.
 """
@@ -214,4 +217,161 @@ def repair_ref(step, costs, lengths, light, n_steps, ranks, token_room):
             d += 1
             x += 1
             swaps += 1
+    return swaps
+
+
+@njit(cache=True, nogil=True)
+def even_layers(step, costs, lengths, bulky, n_steps, ranks, token_room):
+    """Bring each step's count of bulky samples (``costs > bulky``) to a multiple of R, in place on ``step``
+    (N,); returns the swaps made.
+
+    A step holding ``n`` bulky samples gives some ranks one more of them than others, and where a bulky sample
+    outweighs a microbatch's share that rank's extra microbatch sets the lockstep time. ``_layer_roles`` picks
+    which steps rise to their next multiple and which fall to theirs; falling steps swap their cheapest bulky
+    samples for the costliest other samples of rising ones, steps in index order, while neither step's total
+    drops below R times its costliest sample nor passes ``token_room``.
+    """
+    totals = np.zeros(n_steps)
+    peak = np.zeros(n_steps)
+    tokens = np.zeros(n_steps)
+    count = np.zeros(n_steps, dtype=np.int64)
+    starts = np.zeros(n_steps + 1, dtype=np.int64)
+    for i in range(step.shape[0]):
+        k = step[i]
+        totals[k] += costs[i]
+        tokens[k] += lengths[i]
+        peak[k] = max(peak[k], costs[i])
+        starts[k + 1] += 1
+        if costs[i] > bulky:
+            count[k] += 1
+    for k in range(n_steps):
+        starts[k + 1] += starts[k]
+    order = np.argsort(step, kind="mergesort")  # samples by step as they were, window order inside
+    need = _layer_roles(count, ranks)  # > 0: bulky samples a step takes; < 0: gives
+    swaps = 0
+    for a in range(n_steps):
+        give = -need[a]
+        if give <= 0:
+            continue
+        mine = order[starts[a] : starts[a + 1]]
+        mine = mine[(costs[mine] > bulky) & (step[mine] == a)]
+        mine = mine[np.argsort(costs[mine], kind="mergesort")]  # cheapest bulky first
+        x = 0
+        for b in range(n_steps):
+            if give == 0 or x >= mine.shape[0]:
+                break
+            want = need[b]
+            if want <= 0:
+                continue
+            theirs = order[starts[b] : starts[b + 1]]
+            theirs = theirs[(costs[theirs] <= bulky) & (step[theirs] == b)]  # still there
+            theirs = theirs[np.argsort(-costs[theirs], kind="mergesort")]  # costliest first
+            y = 0
+            while give > 0 and want > 0 and x < mine.shape[0] and y < theirs.shape[0]:
+                i, j = mine[x], theirs[y]
+                gain = costs[i] - costs[j]
+                if (totals[a] - gain < ranks * peak[a] or totals[b] + gain < ranks * max(peak[b], costs[i])
+                        or tokens[b] + lengths[i] - lengths[j] > token_room):
+                    break
+                step[i], step[j] = b, a
+                totals[a] -= gain
+                totals[b] += gain
+                tokens[a] += lengths[j] - lengths[i]
+                tokens[b] += lengths[i] - lengths[j]
+                peak[b] = max(peak[b], costs[i])
+                need[a] += 1
+                need[b] -= 1
+                give -= 1
+                want -= 1
+                x += 1
+                y += 1
+                swaps += 1
+    return swaps
+
+
+@njit(cache=True, nogil=True)
+def _layer_roles(count, ranks):
+    """Bulky samples each step should take (> 0) or give (< 0) so that steps hold multiples of R: the steps
+    closest under their next multiple (the earlier of equal ones) rise to it, as many as the others' excess
+    over theirs pays for; those others fall to theirs. int64 (K,)."""
+    n_steps = count.shape[0]
+    over = count % ranks  # (K,)
+    rising = np.argsort(-over, kind="mergesort")
+    down = 0
+    for k in range(n_steps):
+        down += over[k]
+    need = -over.copy()
+    up = 0
+    for q in range(n_steps):
+        k = rising[q]
+        if over[k] == 0 or up + ranks - over[k] > down - over[k]:
+            break
+        up += ranks - over[k]
+        down -= over[k]
+        need[k] = ranks - over[k]
+    return need
+
+
+def _layer_roles_ref(count: list[int], ranks: int) -> list[int]:
+    over = [c % ranks for c in count]
+    need = [-o for o in over]
+    down, up = sum(over), 0
+    for k in sorted(range(len(count)), key=lambda k: (-over[k], k)):
+        if over[k] == 0 or up + ranks - over[k] > down - over[k]:
+            break
+        up += ranks - over[k]
+        down -= over[k]
+        need[k] = ranks - over[k]
+    return need
+
+
+def even_layers_ref(step, costs, lengths, bulky, n_steps, ranks, token_room):
+    """Plain twin of ``even_layers``."""
+    totals, peak, tokens, count = [0.0] * n_steps, [0.0] * n_steps, [0.0] * n_steps, [0] * n_steps
+    members: list[list[int]] = [[] for _ in range(n_steps)]
+    for i, k in enumerate(step.tolist()):
+        totals[k] += float(costs[i])
+        tokens[k] += float(lengths[i])
+        peak[k] = max(peak[k], float(costs[i]))
+        count[k] += int(costs[i] > bulky)
+        members[k].append(i)
+    need = _layer_roles_ref(count, ranks)
+    swaps = 0
+    for a in range(n_steps):
+        give = -need[a]
+        if give <= 0:
+            continue
+        mine = sorted((i for i in members[a] if costs[i] > bulky), key=lambda i: (costs[i], i))
+        x = 0
+        for b in range(n_steps):
+            if give == 0 or x >= len(mine):
+                break
+            want = need[b]
+            if want <= 0:
+                continue
+            theirs = sorted((j for j in members[b] if costs[j] <= bulky), key=lambda j: (-costs[j], j))
+            y = 0
+            while give > 0 and want > 0 and x < len(mine) and y < len(theirs):
+                i, j = mine[x], theirs[y]
+                gain = float(costs[i] - costs[j])
+                if (totals[a] - gain < ranks * peak[a] or totals[b] + gain < ranks * max(peak[b], float(costs[i]))
+                        or tokens[b] + float(lengths[i] - lengths[j]) > token_room):
+                    break
+                step[i], step[j] = b, a
+                members[a].remove(i)
+                members[a].append(j)
+                members[b].remove(j)
+                members[b].append(i)
+                totals[a] -= gain
+                totals[b] += gain
+                tokens[a] += float(lengths[j] - lengths[i])
+                tokens[b] += float(lengths[i] - lengths[j])
+                peak[b] = max(peak[b], float(costs[i]))
+                need[a] += 1
+                need[b] -= 1
+                give -= 1
+                want -= 1
+                x += 1
+                y += 1
+                swaps += 1
     return swaps

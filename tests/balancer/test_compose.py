@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from balancer import CostModel, plan
 from balancer.compose import compose, heavy_threshold, shuffled_steps, window_time
-from balancer.kernels.compose import gather_cores, gather_cores_ref, repair, repair_ref
+from balancer.kernels.compose import even_layers, even_layers_ref, gather_cores, gather_cores_ref, repair, repair_ref
 
 COST = CostModel(quadratic=1.0, linear=512.0)
 
@@ -55,6 +55,12 @@ def test_kernels_equal_their_twins(window, ranks, token_room):
     swaps = repair(step, costs, lengths.astype(np.float64), light, len(sizes), ranks, token_room)
     swaps_ref = repair_ref(step_ref, costs, lengths.astype(np.float64), light, len(sizes), ranks, token_room)
     assert swaps == swaps_ref and np.array_equal(step, step_ref)
+    bulky = heavy_threshold(costs, sizes, ranks * 3)
+    before = step.copy()
+    swaps = even_layers(step, costs, lengths.astype(np.float64), bulky, len(sizes), ranks, token_room)
+    swaps_ref = even_layers_ref(step_ref, costs, lengths.astype(np.float64), bulky, len(sizes), ranks, token_room)
+    assert swaps == swaps_ref and np.array_equal(step, step_ref)
+    assert np.array_equal(np.bincount(step, minlength=len(sizes)), np.bincount(before, minlength=len(sizes)))
 
 
 @settings(max_examples=80, deadline=None)
@@ -166,3 +172,21 @@ def test_the_heavy_threshold_is_half_a_share_of_the_light_samples_and_giants_do_
     giant = np.r_[costs[:-1], 1e30]  # one sample replaced by a giant
     if costs[-1] > t:
         assert heavy_threshold(giant, sizes, ranks) == pytest.approx(t)
+
+
+def test_bulky_samples_come_in_multiples_of_the_ranks():
+    """Bimodal 2k/21k onto 64 x 4: ~3.2 long histories per rank per step, each over a microbatch's share; steps
+    of 3 or 4 per rank plan to a lockstep bubble near 0 where a rank with one more sets every step's time."""
+    rng = np.random.default_rng(0)
+    sizes = np.full(16, 2048, dtype=np.int64)
+    long = rng.random(int(sizes.sum())) < 0.1
+    lengths = np.floor(np.where(long, 21_000, 2048) * rng.uniform(0.9, 1.1, int(sizes.sum()))).astype(np.int64)
+    lengths = np.minimum(lengths, 21_000)
+    out = compose(lengths, sizes=sizes, ranks=64, microbatches=4, cost_model=COST)
+    per_step = np.bincount(out.step[long], minlength=16)
+    assert (per_step % 64 == 0).sum() >= 14  # the window's 16 extra long ones sit in at most two steps
+    shuffled = np.bincount(shuffled_steps(sizes)[long], minlength=16)
+    assert (shuffled % 64 == 0).sum() <= 2
+    worst = max(plan(lengths[m], ranks=64, microbatches=4, cost_model=COST).metrics["bubble_fraction"]
+                for m, n in zip(out.members(), per_step) if n % 64 == 0)
+    assert worst < 0.01
