@@ -131,12 +131,16 @@ def heavy_threshold(costs: np.ndarray, sizes: np.ndarray, ranks: int) -> float:
 
     The largest ``t`` with ``t = HEAVY_SHARE * (sum of costs <= t) / (K R)``: a threshold taken from all
     costs would let the giants inflate the share (a few giants make every shuffled step look heavy), and
-    the steps that hold no heavy sample get only the light ones.
+    the steps that hold no heavy sample get only the light ones. At least ``HEAVY_SHARE`` of the share of a
+    step of median samples.
     """
     ascending = np.sort(costs)  # (N,)
     share = HEAVY_SHARE * np.cumsum(ascending) / (len(sizes) * ranks)  # (N,) threshold if the first i+1 are light
     light = np.flatnonzero(ascending <= share)
-    return float(share[light[-1]]) if light.size else 0.0
+    # never below half the share of a step of median samples: with few samples per rank the fixpoint can
+    # call every sample heavy, and composition would sort the window instead of fixing its steps
+    typical = HEAVY_SHARE * len(costs) / (len(sizes) * ranks) * float(ascending[len(costs) // 2]) if len(costs) else 0.0
+    return max(float(share[light[-1]]) if light.size else 0.0, typical)
 
 
 def _giants(lengths: np.ndarray, costs: np.ndarray, sizes: np.ndarray, ranks: int, microbatches: int,
