@@ -64,7 +64,9 @@ def _lockstep(steps) -> float:
 
 
 def test_composed_steps_are_exactly_once_identical_on_both_backends_and_shorter(ray_address, heavy):
-    kwargs = dict(ranks=4, microbatches=2, samples_per_step=40, compose_window=4, seed=2, num_readers=2)
+    # two trainer nodes of two ranks: each composed step is planned locality-aware
+    kwargs = dict(ranks=4, microbatches=2, samples_per_step=40, compose_window=4, seed=2, num_readers=2,
+                  ranks_per_node=2)
     with SequenceLoader(heavy, backend="ray", **kwargs) as loader:
         per_rank = by_threads(loader, 4)
         stats = loader.stats()
