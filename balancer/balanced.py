@@ -56,7 +56,7 @@ from balancer.kernels.assign import lpt_assign, pack_within_ranks
 from balancer.kernels.colfill import column_fill
 from balancer.kernels.runs import deficit_fill, spread_runs
 from balancer.lpt import flat_lpt_bins
-from balancer.polish import Candidate, lay_out, polish, positive_levels
+from balancer.polish import Candidate, lay_out, level_slot, polish, positive_levels
 from balancer.registry import Honours, Objective, Problem, register
 from balancer.zigzag import serpentine
 
@@ -177,8 +177,17 @@ class _Starts:
         flat = levels is self.flat_level
         cand = Candidate(bins, flat, START_ORDER.index(name))
         lay_out(p, cand)
+        if name in ("stack", "restack") and not self.certified(cand):
+            cand = self._leveled(cand, int(np.flatnonzero(fill_levels > 0)[-1]))
         self.best_peak = min(self.best_peak, cand.peak)
         return cand
+
+    def _leveled(self, cand: Candidate, slot: int) -> Candidate:
+        """``cand`` with its last filled ``slot`` levelled (``polish.level_slot``) where that lowers the time of the
+        objective (then the lockstep bubble), else ``cand``; the peak does not rise."""
+        leveled = Candidate(level_slot(self.problem, cand.bins.copy(), slot), cand.flat, cand.index)
+        lay_out(self.problem, leveled)
+        return min((cand, leveled), key=lambda c: (_time(c, self.problem.objective), c.bubble))
 
     def certified(self, cand: Candidate) -> bool:
         """No other start can do better than ``cand`` by more than CHOICE_TOLERANCE: its peak is at the
