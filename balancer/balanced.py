@@ -18,7 +18,7 @@ or nothing helps), compete:
   ``LPT_ONLY_SAMPLES`` on.
 - *columns* (a sample above the mean bin cost, ``equal_count`` below ``LPT_ONLY_SAMPLES`` samples, or
   < ``FILL_ONLY_PER_BIN`` samples per bin): LPT onto the water-filled levels.
-- *column fill* (same cases, while N * R * M is small): ``kernels.colfill.column_fill`` fills slot 0 of
+- *column fill* (same cases): ``kernels.colfill.column_fill`` fills slot 0 of
   every rank first fit up to the costliest sample, then slot 1 with what is left, and so on; several
   large samples share a slot-0 bin, so later slots hold only small ones (the lockstep optimum where a few
   samples cost more than a mean bin, which the water-filled levels miss).
@@ -53,10 +53,10 @@ from functools import cached_property
 import numpy as np
 
 from balancer.kernels.assign import lpt_assign, pack_within_ranks
-from balancer.kernels.colfill import COLUMN_FILL_WORK, column_fill
+from balancer.kernels.colfill import column_fill
 from balancer.kernels.runs import deficit_fill, spread_runs
 from balancer.lpt import flat_lpt_bins
-from balancer.polish import Candidate, lay_out, polish, positive_levels
+from balancer.polish import Candidate, lay_out, level_slot, polish, positive_levels
 from balancer.registry import Honours, Objective, Problem, register
 from balancer.zigzag import serpentine
 
@@ -127,11 +127,11 @@ class _Starts:
         whether the lpt start failed)."""
         p = self.problem
         flat = (["fill"] if p.max_tokens is None and not p.equal_count and p.n < LPT_ONLY_SAMPLES else []) + ["lpt"]
-        columned = ["columns", "zigzag"] + (["column_fill"] if p.n * p.n_bins <= COLUMN_FILL_WORK else [])
-        if self.costliest > self.mean and columned[-1] == "column_fill":
+        columned = ["columns", "zigzag", "column_fill"]
+        if self.costliest > self.mean:
             # a sample above a mean bin: the stacked fill usually reaches both floors, so it runs first, then the
-            # column fill; where a rank's share fits below the costliest sample, the stacked fill is one slow LPT
-            # over ranks and the column fill (which then reaches both floors) runs first
+            # column fill; where a rank's share fits below the costliest sample, the stacked fill is one LPT over
+            # ranks and the column fill (which then reaches both floors) runs first
             first = ["column_fill", "stack"] if self.time_floor <= self.costliest else ["stack", "column_fill"]
             yield from first + flat + columned[:-1]
             if self.best_peak > self.lower_bound * (1.0 + CHOICE_TOLERANCE) and np.isfinite(self.best_peak):
@@ -177,8 +177,17 @@ class _Starts:
         flat = levels is self.flat_level
         cand = Candidate(bins, flat, START_ORDER.index(name))
         lay_out(p, cand)
+        if name in ("stack", "restack") and not self.certified(cand):
+            cand = self._leveled(cand, int(np.flatnonzero(fill_levels > 0)[-1]))
         self.best_peak = min(self.best_peak, cand.peak)
         return cand
+
+    def _leveled(self, cand: Candidate, slot: int) -> Candidate:
+        """``cand`` with its last filled ``slot`` levelled (``polish.level_slot``) where that lowers the time of the
+        objective (then the lockstep bubble), else ``cand``; the peak does not rise."""
+        leveled = Candidate(level_slot(self.problem, cand.bins.copy(), slot), cand.flat, cand.index)
+        lay_out(self.problem, leveled)
+        return min((cand, leveled), key=lambda c: (_time(c, self.problem.objective), c.bubble))
 
     def certified(self, cand: Candidate) -> bool:
         """No other start can do better than ``cand`` by more than CHOICE_TOLERANCE: its peak is at the

@@ -21,9 +21,9 @@ across only what evens out the nodes' loads, choosing what crosses to move few t
    sample leaves its node only for room that node's own samples did not take (a node's two largest
    samples that do not fit its ranks' slot-0 bins together, say). Then ``balanced``'s local search and
    exchange over all bins (a few moves may cross nodes where they lower a bin over its level) and each
-   rank's microbatches heaviest first. Above ``COLUMN_FILL_WORK`` (N R M) the fill costs too much: where
-   no sample costs more than a mean bin (every level is the mean), each node's samples are planned onto
-   its ranks alone by the non-local planner instead; otherwise there is no local plan.
+   rank's microbatches heaviest first. Above ``COLUMN_FILL_WORK`` (N R M: large batches), where no sample
+   costs more than a mean bin (every level is the mean), each node's samples are planned onto its ranks
+   alone by the non-local planner instead; otherwise there is no local plan.
 4. **Quality rule** (``LOCALITY_TOLERANCE`` = 0.1%): the local plan is kept when its peak bin cost and its
    lockstep time (``sum_j max_r C[r, j]``) are each within 0.1% of the non-local plan's (same method, same
    inputs). Neither can go below its floor (``lower_bound``, and ``max(total / R, costliest sample)``), so

@@ -3,7 +3,8 @@
 A *start* places every sample in a bin ``b = rank * M + slot`` aiming at a target cost per slot (its
 *levels*). ``polish`` runs the local searches on it (``kernels.refine``: single moves and swaps lowering
 the bin furthest over its threshold; ``kernels.exchange``: one sample against a set; for one flat level,
-``kernels.tighten``: the last cost units of the peak). ``lay_out`` then gives the bins their ranks and
+``kernels.tighten``: the last cost units of the peak). ``level_slot`` runs ``tighten`` on one slot's bins
+alone (a stacked start's last slot). ``lay_out`` then gives the bins their ranks and
 slots (flat plans regrouped onto ranks without ``equal_count``; each rank's microbatches heaviest first)
 and scores the candidate: its peak bin, rank totals and lockstep time ``sum_j max_r C[r, j]``.
 """
@@ -65,6 +66,26 @@ def polish(problem: Problem, bins: np.ndarray, columns: np.ndarray, levels: np.n
     if levels.shape[0] == 1:
         tighten(bins, problem.costs, problem.lengths, problem.n_bins, rules, float(levels[0]),
                 TIGHTEN_STEPS_PER_BIN * problem.n_bins)
+    return bins
+
+
+def level_slot(problem: Problem, bins: np.ndarray, slot: int) -> np.ndarray:
+    """``bins`` (int64 (N,)) with the samples of every rank's ``slot`` bin swapped among those R bins alone
+    (``kernels.tighten``, one flat level: their mean) in place: the slot's costliest bin falls where ones and
+    twos of small samples can even it out; no other bin changes, so the peak never rises (tighten never
+    raises the slot's costliest bin), nor does the slot's own maximum. The token cap holds and, with
+    ``equal_count``, swaps keep every rank's count. What a stacked start's LPT-filled last slot needs: its
+    spread is the granularity of the smallest samples, while the slots above sit at the peak."""
+    M = problem.microbatches
+    mine = np.flatnonzero(bins % M == slot)  # (n_slot,): the slot's samples
+    if not mine.size:
+        return bins
+    rank = bins[mine] // M  # (n_slot,): the slot's bin of each sample, numbered by rank
+    costs = problem.costs[mine]
+    rules = Rules(1, problem.rules.token_cap, problem.equal_count, 0, 0)  # one bin per rank: swaps keep counts
+    tighten(rank, costs, problem.lengths[mine], problem.ranks, rules, float(costs.sum()) / problem.ranks,
+            TIGHTEN_STEPS_PER_BIN * problem.ranks)
+    bins[mine] = rank * M + slot
     return bins
 
 

@@ -33,19 +33,124 @@ group's choice, then the lowest id). Under rank quotas the count is what binds (
 many samples as its ranks take): there is no second sweep, and in the last slot a sample stays in its
 group whenever one of its ranks has room. With one group of all ranks this is ``column_fill`` exactly.
 
-Returns each sample's bin ``rank * M + slot`` (int64 (N,)) and the slot levels (float64 (M,)). Work is
-O(N * R * M): ``balanced`` runs it only where that is small.
+Returns each sample's bin ``rank * M + slot`` (int64 (N,)) and the slot levels (float64 (M,)).
+
+The kernel finds each sample's bin through one tournament tree per slot over the ranks (``_Trees``: the least
+load and the fewest tokens of every range of ranks; a rank out of quota counts as infinitely loaded), so a
+first fit or a least loaded rank costs O(log R) where no token cap prunes loosely, and a slot that no rank
+can take a sample into says so at the root in O(1). Work is O(N M + placements log R), against O(N R M)
+for the scan over ranks the twin does; same bins, same levels, bit for bit (a range's least load is one of
+its ranks' loads, so ``least + cost <= level`` is the rank's own test).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit
 
 from balancer.kernels.common import room
 
-# The planners run the column fill (O(N * R * M)) while N * R * M stays at or below this.
+# The locality planner runs the grouped fill while N * R * M stays at or below this; above it, each node
+# is planned alone where levels are flat (docs/planner.md, Locality). ``balanced`` runs the fill at any size.
 COLUMN_FILL_WORK = 1 << 27
+# Token count of the trees' padding leaves (ranks P > R): never within a cap.
+_NO_TOKENS = 1 << 62
+
+
+class _Trees(NamedTuple):
+    """One tournament tree per slot over the ranks, P leaves (a power of two >= R, leaf of rank r: P + r,
+    node k's children 2k and 2k + 1): the least load and the fewest tokens under each node."""
+
+    load: np.ndarray  # float64 (M, 2P); a rank without quota room: inf
+    tokens: np.ndarray  # int64 (M, 2P)
+    size: int  # P
+    stack: np.ndarray  # int64 (3 * 2 * 64,): (node, first leaf, width) of a search's open nodes
+
+
+@njit(cache=True, nogil=True)
+def _trees(ranks, microbatches):
+    size = 1
+    while size < ranks:
+        size *= 2
+    load = np.full((microbatches, 2 * size), np.inf)
+    tokens = np.full((microbatches, 2 * size), _NO_TOKENS, dtype=np.int64)
+    load[:, size : size + ranks] = 0.0
+    tokens[:, size : size + ranks] = 0
+    for k in range(size - 1, 0, -1):
+        load[:, k] = np.minimum(load[:, 2 * k], load[:, 2 * k + 1])
+        tokens[:, k] = np.minimum(tokens[:, 2 * k], tokens[:, 2 * k + 1])
+    return _Trees(load, tokens, size, np.empty(3 * 2 * 64, dtype=np.int64))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _set_leaf(trees, j, r, load, tokens):
+    """Rank ``r``'s slot-``j`` bin now holds ``load`` (inf: out of quota) and ``tokens``."""
+    lo, to = trees.load[j], trees.tokens[j]
+    k = trees.size + r
+    lo[k] = load
+    to[k] = tokens
+    k >>= 1
+    while k >= 1:
+        lo[k] = min(lo[2 * k], lo[2 * k + 1])
+        to[k] = min(to[2 * k], to[2 * k + 1])
+        k >>= 1
+
+
+@njit(cache=True, nogil=True)
+def _first_fit(trees, j, first, stop, cost, length, level, token_cap):
+    """Lowest rank in ``first .. stop - 1`` whose slot-``j`` bin takes ``cost`` within ``level`` and
+    ``length`` within the cap (and has quota room); -1 if none. Depth first, left child first: the first
+    leaf reached is the lowest that fits."""
+    lo, to, st = trees.load[j], trees.tokens[j], trees.stack
+    top = 0
+    st[0], st[1], st[2] = 1, 0, trees.size
+    while top >= 0:
+        k, a, w = st[3 * top], st[3 * top + 1], st[3 * top + 2]
+        top -= 1
+        if a >= stop or a + w <= first or not lo[k] + cost <= level:
+            continue
+        if token_cap > 0 and to[k] + length > token_cap:
+            continue
+        if w == 1:
+            return a
+        h = w >> 1
+        st[3 * top + 3], st[3 * top + 4], st[3 * top + 5] = 2 * k + 1, a + h, h  # right, searched second
+        st[3 * top + 6], st[3 * top + 7], st[3 * top + 8] = 2 * k, a, h
+        top += 2
+    return -1
+
+
+@njit(cache=True, nogil=True)
+def _least_loaded(trees, j, first, stop, length, token_cap):
+    """Rank in ``first .. stop - 1`` of least slot-``j`` load (ties: lowest rank) with quota room whose bin
+    takes ``length`` within the cap; -1 if none. The child of lesser load is searched first, so without a
+    cap the first leaf reached wins and every other node is pruned."""
+    lo, to, st = trees.load[j], trees.tokens[j], trees.stack
+    best, best_load = -1, np.inf
+    top = 0
+    st[0], st[1], st[2] = 1, 0, trees.size
+    while top >= 0:
+        k, a, w = st[3 * top], st[3 * top + 1], st[3 * top + 2]
+        top -= 1
+        if a >= stop or a + w <= first or lo[k] == np.inf:
+            continue
+        if lo[k] > best_load or (lo[k] == best_load and a > best):
+            continue
+        if token_cap > 0 and to[k] + length > token_cap:
+            continue
+        if w == 1:
+            best, best_load = a, lo[k]
+            continue
+        h = w >> 1
+        near, far = 2 * k, 2 * k + 1
+        if lo[far] < lo[near]:
+            near, far = far, near
+        st[3 * top + 3], st[3 * top + 4], st[3 * top + 5] = far, a + h if far == 2 * k + 1 else a, h
+        st[3 * top + 6], st[3 * top + 7], st[3 * top + 8] = near, a + h if near == 2 * k + 1 else a, h
+        top += 2
+    return best
 
 
 @njit(cache=True, nogil=True)
@@ -68,6 +173,11 @@ def column_fill_grouped(order, costs, lengths, ranks, rules, group, group_start,
     remaining = order.copy()
     loads = np.zeros(ranks * microbatches, dtype=np.float64)  # per bin b = rank * M + slot
     tokens = np.zeros(ranks * microbatches, dtype=np.int64)
+    trees = _trees(ranks, microbatches)
+    blocked = np.zeros(ranks, dtype=np.bool_)  # no quota room: inf in every slot's tree
+    for r in range(ranks):
+        if not room(rules, rank_counts, r, n_at_hi):
+            _block(trees, blocked, r, microbatches)
     n_left = n
     left_cost = 0.0
     for p in range(n):
@@ -95,38 +205,17 @@ def column_fill_grouped(order, costs, lengths, ranks, rules, group, group_start,
                         kept += 1
                         continue
                     first, stop = 0, ranks
-                b = -1
-                for r in range(first, stop):
-                    c = r * microbatches + j
-                    if token_cap > 0 and tokens[c] + lengths[i] > token_cap:
+                if not last:
+                    r = _first_fit(trees, j, first, stop, costs[i], lengths[i], level, token_cap)
+                    if r < 0:
+                        remaining[kept] = i
+                        kept += 1
                         continue
-                    if not room(rules, rank_counts, r, n_at_hi):
-                        continue
-                    if last:
-                        if b < 0 or loads[c] < loads[b]:
-                            b = c
-                    elif loads[c] + costs[i] <= level:
-                        b = c
-                        break
-                if last and (b < 0 or (not quotas and loads[b] + costs[i] > level)):  # least loaded of all
-                    for r in range(ranks):
-                        c = r * microbatches + j
-                        if token_cap > 0 and tokens[c] + lengths[i] > token_cap:
-                            continue
-                        if room(rules, rank_counts, r, n_at_hi) and (b < 0 or loads[c] < loads[b]):
-                            b = c
-                if b < 0 and last:  # the last slot is full under the cap: the least loaded bin with room
-                    for c in range(ranks * microbatches):
-                        if token_cap > 0 and tokens[c] + lengths[i] > token_cap:
-                            continue
-                        if room(rules, rank_counts, c // microbatches, n_at_hi) and (b < 0 or loads[c] < loads[b]):
-                            b = c
+                    b = r * microbatches + j
+                else:
+                    b = _last_slot_bin(trees, loads, j, first, stop, costs[i], lengths[i], level, rules, ranks)
                     if b < 0:
                         return np.full(costs.shape[0], -1, dtype=np.int64), levels
-                elif b < 0:
-                    remaining[kept] = i
-                    kept += 1
-                    continue
                 bins[i] = b
                 loads[b] += costs[i]
                 tokens[b] += lengths[i]
@@ -134,9 +223,48 @@ def column_fill_grouped(order, costs, lengths, ranks, rules, group, group_start,
                 rank_counts[target] += 1
                 if quotas and rank_counts[target] == rules.lo + 1:
                     n_at_hi += 1
+                    if n_at_hi == rules.n_extra:  # from now on every rank at lo is full too
+                        for r in range(ranks):
+                            if not blocked[r] and not room(rules, rank_counts, r, n_at_hi):
+                                _block(trees, blocked, r, microbatches)
+                if quotas and not blocked[target] and not room(rules, rank_counts, target, n_at_hi):
+                    _block(trees, blocked, target, microbatches)
+                elif not blocked[target]:
+                    _set_leaf(trees, b % microbatches, target, loads[b], tokens[b])
                 left_cost -= costs[i]
             n_left = kept
     return bins, levels
+
+
+@njit(cache=True, nogil=True)
+def _block(trees, blocked, r, microbatches):
+    """Rank ``r`` has no quota room left: infinitely loaded in every slot's tree."""
+    blocked[r] = True
+    for j in range(microbatches):
+        _set_leaf(trees, j, r, np.inf, trees.tokens[j, trees.size + r])
+
+
+@njit(cache=True, nogil=True)
+def _last_slot_bin(trees, loads, j, first, stop, cost, length, level, rules, ranks):
+    """The last slot's bin for a sample preferring ranks ``first .. stop - 1``: the least loaded of them; the
+    least loaded of all where that is lower and (without quotas) the group's would pass ``level``; the least
+    loaded bin of any slot where no slot-``j`` bin has room; -1 if no bin has."""
+    microbatches, token_cap = rules.microbatches, rules.token_cap
+    r = _least_loaded(trees, j, first, stop, length, token_cap)
+    b = r * microbatches + j if r >= 0 else -1
+    if b < 0 or (not rules.quotas and loads[b] + cost > level):
+        a = _least_loaded(trees, j, 0, ranks, length, token_cap)
+        if a >= 0 and (b < 0 or loads[a * microbatches + j] < loads[b]):
+            b = a * microbatches + j
+    if b >= 0:
+        return b
+    for s in range(microbatches):  # the last slot is full under the cap: the least loaded bin with room
+        a = _least_loaded(trees, s, 0, ranks, length, token_cap)
+        if a >= 0:
+            c = a * microbatches + s
+            if b < 0 or loads[c] < loads[b] or (loads[c] == loads[b] and c < b):
+                b = c
+    return b
 
 
 def column_fill_ref(order, costs, lengths, ranks, rules, peak=0.0):

@@ -220,6 +220,39 @@ def test_column_fill_matches_reference_and_keeps_constraints(data):
         assert per_rank.max() - per_rank.min() <= 1
 
 
+@given(st.data())
+@settings(max_examples=60, deadline=None)
+def test_column_fill_trees_match_reference_on_many_ranks(data):
+    # the kernel's per-slot trees over the ranks (up to 70: padded leaves, several levels deep, ranges of
+    # ranks for groups) pick the bins the twin's scans pick, under caps, quotas and stacked peaks
+    ranks = data.draw(st.integers(2, 70))
+    microbatches = data.draw(st.integers(1, 4))
+    n = data.draw(st.integers(ranks, 4 * ranks * microbatches))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    lengths = np.minimum(rng.lognormal(np.log(30), data.draw(st.sampled_from([0.3, 1.0, 1.6])), n), 2000)
+    lengths = np.maximum(lengths.astype(np.int64), 1)
+    costs = lengths.astype(np.float64) ** 2 + 512.0 * lengths  # integer-valued: sums exact in both twins
+    cap = 0
+    if data.draw(st.booleans()):
+        cap = int(max(lengths.max(), np.ceil(data.draw(st.sampled_from([1.05, 1.3])) * lengths.sum() / (ranks * microbatches))))
+    quotas = data.draw(st.booleans())
+    rules = Rules(microbatches, cap, quotas, n // ranks, n % ranks)
+    order = O.order_by_length_desc(lengths, data.draw(st.integers(0, 1000)))
+    peak = data.draw(st.sampled_from([0.0, 1.0, 1.2])) * max(costs.sum() / (ranks * microbatches), costs.max())
+    cuts = sorted(data.draw(st.lists(st.integers(0, ranks), max_size=3)))
+    group_start = np.asarray([0, *cuts, ranks], dtype=np.int64)
+    group = rng.integers(0, group_start.size - 1, n).astype(np.int64)
+    bins, levels = C.column_fill(order, costs, lengths, ranks, rules, peak)
+    bins_ref, levels_ref = C.column_fill_ref(order, costs, lengths, ranks, rules, peak)
+    np.testing.assert_array_equal(bins, bins_ref)
+    np.testing.assert_array_equal(levels, levels_ref)
+    args = (order, costs, lengths, ranks, rules, group, group_start, peak)
+    bins, levels = C.column_fill_grouped(*args)
+    bins_ref, levels_ref = C.column_fill_grouped_ref(*args)
+    np.testing.assert_array_equal(bins, bins_ref)
+    np.testing.assert_array_equal(levels, levels_ref)
+
+
 def test_stacked_column_fill_leaves_the_slots_after_the_peak_empty():
     # costs 100 (the costliest), 60, 40, 30, 10, 10 on 2 ranks x 3 slots, peak 100: slot 0 holds 100 on both
     # ranks (100; 60 + 40); what is left (50) fits one slot per rank below the peak, so slot 1 is the last

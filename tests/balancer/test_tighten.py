@@ -3,12 +3,14 @@
 import itertools
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from balancer.kernels import tighten as T
 from balancer.kernels.common import Rules
 from balancer.lpt import flat_lpt_bins
+from balancer.polish import level_slot
 from balancer.registry import Problem
 from analysis.workloads import sample_lengths
 
@@ -117,3 +119,43 @@ def test_tighten_offers_samples_beyond_the_pool_when_the_pool_has_no_swap():
     assert T.tighten(bins, costs, lengths, 2, Rules(1, 0, True, 45, 0), costs.sum() / 2, 100) == 2
     np.testing.assert_array_equal(np.bincount(bins, weights=costs), [540_402.0, 518_643.0])
     np.testing.assert_array_equal(np.bincount(bins), [45, 45])
+
+
+@given(st.data())
+@settings(max_examples=40, deadline=None)
+def test_level_slot_lowers_one_slot_and_moves_nothing_else(data):
+    # a stacked start's last slot: swaps among that slot's R bins only; every other bin keeps its samples, the
+    # slot's costliest bin does not rise, the cap holds and, with equal_count, every rank keeps its count there
+    ranks, microbatches = data.draw(st.integers(2, 12)), data.draw(st.integers(1, 3))
+    n = data.draw(st.integers(ranks, 30 * ranks))
+    lengths = sample_lengths("lognormal", n, max_len=400, median=20, sigma=1.0, seed=data.draw(st.integers(0, 99)))
+    bins = np.asarray(data.draw(st.lists(st.integers(0, ranks * microbatches - 1), min_size=n, max_size=n)),
+                      dtype=np.int64)
+    tokens = np.bincount(bins, weights=lengths, minlength=ranks * microbatches)
+    cap = int(tokens.max()) + data.draw(st.integers(0, 50)) if data.draw(st.booleans()) else None
+    equal_count = data.draw(st.booleans())
+    problem = Problem(lengths, lengths.astype(np.float64) ** 2, ranks, microbatches, cap, equal_count, 0)
+    slot = data.draw(st.integers(0, microbatches - 1))
+    leveled = level_slot(problem, bins.copy(), slot)
+    mine = bins % microbatches == slot
+    np.testing.assert_array_equal(leveled[~mine], bins[~mine])
+    assert np.all(leveled[mine] % microbatches == slot)
+    loads = [np.bincount(b[mine], weights=problem.costs[mine], minlength=ranks * microbatches) for b in (bins, leveled)]
+    assert loads[1].max() <= loads[0].max()
+    if cap is not None:
+        assert np.bincount(leveled, weights=lengths, minlength=ranks * microbatches).max() <= cap
+    if equal_count:
+        np.testing.assert_array_equal(np.bincount(leveled[mine], minlength=ranks * microbatches),
+                                      np.bincount(bins[mine], minlength=ranks * microbatches))
+
+
+@pytest.mark.parametrize("equal_count, slot_loads", [(False, [6.0, 6.0]), (True, [7.0, 5.0])])
+def test_level_slot_evens_a_slot_that_lpt_left_uneven(equal_count, slot_loads):
+    # 2 ranks x 2 slots, slot 0 at 100 | 100; slot 1 holds 6 + 2 | 3 + 1: the 2 moves over (6 | 6); with
+    # equal_count only swaps keep the counts, and 2 for 1 (or 6 for 3) is the best (7 | 5 or 5 | 7)
+    costs = np.array([100.0, 100.0, 6.0, 2.0, 3.0, 1.0])
+    bins = np.array([0, 2, 1, 1, 3, 3], dtype=np.int64)
+    problem = Problem(np.ones(6, dtype=np.int64), costs, 2, 2, None, equal_count, 0)
+    loads = np.bincount(level_slot(problem, bins.copy(), 1), weights=costs, minlength=4)
+    assert loads[0] == loads[2] == 100.0
+    assert sorted(loads[[1, 3]], reverse=True) == slot_loads
