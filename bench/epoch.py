@@ -28,6 +28,13 @@ Floors (proofs, not estimates), as bubbles:
   (j - 1) G samples), and the m steps with the costliest maxima hold at most the mG costliest samples, so
   they idle at least ``R sum g_j - S_mG``; every step lasts at least ``max(total_k / R, costliest_k)``.
 
+``--certify SECONDS`` bounds, for every row that misses a target, what any plan of its steps can reach at a
+peak within the planner's guarantee (max/LB <= 1.001): the counting and volume lockstep floors of
+``bench/certify.py`` per step (HiGHS; their dual bounds hold at the time limit), summed over the epoch
+(``in-step cert.`` over the shuffled steps, ``composed cert.`` over the composed ones). A miss whose
+certified floor is itself above the target is out of reach for any plan of those steps. ``--only`` runs the
+rows whose name and shape (``"bimodal 2k/21k@64x4"``) contain one of its comma-separated parts.
+
 Targets (issue 25): composed removes >= 95% of naive's bubble on the lognormal tails and >= 90% on every
 case, or lands within 1.1x of the window floor; where the in-step floor is below 0.01, in-step plans leave
 <= 0.02. Speed: composition + planning of 1,048,576 lognormal samples (K = 16 steps of 65,536) onto 256 x 8
@@ -41,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +63,8 @@ from freescale.provenance import git_provenance, machine
 from loader.spec import BatchSpec
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO / "bench") not in sys.path:  # bench/certify.py
+    sys.path.insert(0, str(REPO / "bench"))
 COST = CostModel(quadratic=1.0, linear=512.0)
 # (ranks, microbatches, samples per microbatch, windows per epoch)
 SHAPES = [(64, 4, 8, 2), (256, 8, 4, 1), (1024, 8, 4, 1)]
@@ -158,6 +168,39 @@ def epoch_row(dist: Distribution, shape: tuple, window: int, seed: int) -> dict:
     }
 
 
+def epoch_steps(dist: Distribution, shape: tuple, window: int, seed: int) -> tuple[list, list, BatchSpec]:
+    """The shuffled and the composed steps of ``epoch_row``'s epoch (lengths per step) and its spec."""
+    ranks, microbatches, per_mb, windows = shape
+    size = ranks * microbatches * per_mb
+    spec = BatchSpec(ranks=ranks, microbatches=microbatches, samples_per_step=size, cost_model=COST)
+    lengths = dist.draw(size * window * windows, seed)
+    shuffled, composed = [], []
+    for start in range(0, len(lengths), size * window):
+        part = lengths[start : start + size * window]
+        sizes = np.diff(np.r_[np.arange(0, len(part), size), len(part)]).astype(np.int64)
+        shuffled += np.split(part, np.cumsum(sizes)[:-1])
+        composed += [part[m] for m in spec.composition(part, sizes).members()]
+    return shuffled, composed, spec
+
+
+def certified_bubble(steps: list, spec: BatchSpec, seconds: float) -> float:
+    """A floor on the epoch lockstep bubble of any plan of ``steps`` whose peak keeps max/LB <= 1.001: per
+    step the largest of ``total / R`` and ``bench/certify.py``'s counting and volume floors at that peak."""
+    from certify import counting_floor, volume_floor
+
+    R, M = spec.ranks, spec.microbatches
+    total = floor = 0.0
+    for lengths in steps:
+        costs = COST.cost(lengths)
+        scale = costs.sum() / (R * M)  # the MILPs run in mean-bin units
+        c = costs / scale
+        cap = 1.001 * max(c.max(), 1.0)
+        floor += scale * max(c.sum() / R, counting_floor(c, R, M, seconds, peak_cap=cap),
+                             volume_floor(c, R, M, seconds, peak_cap=cap))
+        total += float(costs.sum())
+    return 1.0 - total / R / floor if floor else 0.0
+
+
 def verdicts(row: dict) -> dict:
     """The issue's targets for one row: composition (removed share, or the window floor where that share is
     out of reach) and the in-step gap."""
@@ -167,9 +210,24 @@ def verdicts(row: dict) -> dict:
     near_floor = composed <= TARGET_FLOOR_RATIO * floor
     out = {"composed": row["removed"]["composed"] >= need or (out_of_reach and near_floor),
            "out_of_reach": out_of_reach}
-    if row["instep_floor"] < INSTEP_FLOOR:
+    if "composed_certified" in row:  # every plan of the composed steps misses the target too: out of reach
+        reach = row["composed_certified"] > (1.0 - need) * naive
+        out["composed"] = out["composed"] or (reach and composed <= TARGET_FLOOR_RATIO * row["composed_certified"])
+        out["out_of_reach"] = out["out_of_reach"] or reach
+    floor = max(row["instep_floor"], row.get("instep_certified", 0.0))
+    if floor < INSTEP_FLOOR:
         out["instep"] = row["bubble"]["in-step"] <= INSTEP_TARGET
     return out
+
+
+def certify_row(row: dict, dist: Distribution, shape: tuple, window: int, seed: int, seconds: float) -> None:
+    """Certified floors for a row that misses a target (module docstring), in place; verdicts again."""
+    shuffled, composed, spec = epoch_steps(dist, shape, window, seed)
+    if row["verdicts"].get("instep") is False:
+        row["instep_certified"] = certified_bubble(shuffled, spec, seconds)
+    if not row["verdicts"]["composed"]:
+        row["composed_certified"] = certified_bubble(composed, spec, seconds)
+    row["verdicts"] = verdicts(row)
 
 
 def speed_rows(quick: bool, seed: int) -> list[dict]:
@@ -216,7 +274,9 @@ def _print_row(row: dict, marks: dict) -> None:
           f"{row['instep_floor']:>7.3f} {row['composed_floor']:>7.3f} {row['window_floor']:>7.3f} {row['moved_mean']['composed']:>6.2f}/"
           f"{row['moved_max']['composed']:<3d} {row['compose_ms_per_step']:>6.1f} {row['plan_ms_per_step']:>6.1f}  "
           + " ".join(f"{k}={'PASS' if v else 'FAIL'}" for k, v in marks.items() if k != "out_of_reach")
-          + (" (target out of reach: window floor)" if marks["out_of_reach"] else ""),
+          + (" (target out of reach: floor)" if marks["out_of_reach"] else "")
+          + "".join(f" {k.replace('_certified', '')} cert. {row[k]:.3f}" for k in ("instep_certified", "composed_certified")
+                    if k in row),
           flush=True)
 
 
@@ -226,6 +286,9 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--window", type=int, default=16)
     parser.add_argument("--speed-only", action="store_true")
+    parser.add_argument("--certify", type=float, metavar="SECONDS",
+                        help="certified lockstep floors for the rows that miss a target (HiGHS time limit per MILP)")
+    parser.add_argument("--only", help="comma-separated parts of 'name@shape' (e.g. 'bimodal@64x4'): only those rows")
     parser.add_argument("--json-out")
     args = parser.parse_args(argv)
     started = time.perf_counter()
@@ -235,11 +298,16 @@ def main(argv=None) -> int:
               f"{'outlier':>7} {'floor:step':>7} {'comp.':>7} {'window':>7} {'moved':>10} {'ms:cmp':>6} {'plan':>6}")
         for shape in QUICK_SHAPES if args.quick else SHAPES:
             for dist in distributions(args.quick):
+                label = f"{dist.name}@{shape[0]}x{shape[1]}"
+                if args.only and not any(part in label for part in args.only.split(",")):
+                    continue
                 row = epoch_row(dist, shape, args.window, args.seed)
                 row["verdicts"] = verdicts(row)
+                if args.certify and not all(row["verdicts"].get(k, True) for k in ("composed", "instep")):
+                    certify_row(row, dist, shape, args.window, args.seed, args.certify)
                 _print_row(row, row["verdicts"])
                 rows.append(row)
-    speed = speed_rows(args.quick, args.seed)
+    speed = [] if args.only else speed_rows(args.quick, args.seed)
     for s in speed:
         print(f"speed: {s['what']}: " + ", ".join(f"{k} {v:.4g}" for k, v in s.items()
                                                    if isinstance(v, float)) + f"  {'PASS' if s['pass'] else 'FAIL'}")
