@@ -1,5 +1,5 @@
 # Two entry points for a fresh machine: `make demo` and `make test`.
-# Both create (or reuse) .venv and install the project with what it needs.
+# Both create (or reuse) .venv and install the project with what it needs, torch pinned by constraints.txt.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -9,10 +9,10 @@ export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER ?= 0
 
 .PHONY: install demo test bench clean browser
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -32,7 +32,7 @@ browser:
 	echo "chromium could not be installed: the report's browser test will be skipped"
 
 bench: $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test,bench]'
 	$(BIN)/python bench/balance.py --certify 30
 	$(BIN)/python bench/ingest.py
 
