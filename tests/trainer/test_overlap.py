@@ -1,5 +1,6 @@
 """Overlap on and off give the same losses and parameters, with collisions and exclusive rows present."""
 import threading
+import time
 
 import pytest
 import torch
@@ -28,22 +29,50 @@ def make_steps(rank: int, seed: int = 0):
 
 
 def train(scheduler, steps, dense):
-    """Runs the steps; the dense parameter `dense` (DIM,) shows compute reading the rows. Returns losses, stats."""
-    losses = []
+    """Runs the steps; the dense parameter `dense` (DIM,) shows compute reading the rows. Returns losses, stats
+    and, per step, the seconds of each microbatch's compute and the step's wall time (from the previous step's
+    end: the scheduler's own work between steps counts too)."""
+    losses, stats, walls, computes = [], [], [], [[] for _ in steps]
 
     def compute(mb, rows):
+        start = time.perf_counter()
         ids, target = mb
         loss = 0.5 * (torch.tanh(rows * dense) - target).pow(2).sum()
         loss.backward()
         losses.append(loss.detach())
+        computes[len(walls)].append(time.perf_counter() - start)
 
     def step_end():
         with torch.no_grad():
             dense.sub_(0.05 * dense.grad)
         dense.grad = None
 
-    stats = list(scheduler.run(steps, ids=lambda mb: mb[0], compute=compute, step_end=step_end))
-    return torch.stack(losses), stats
+    started = time.perf_counter()
+    for s in scheduler.run(steps, ids=lambda mb: mb[0], compute=compute, step_end=step_end):
+        walls.append(time.perf_counter() - started)
+        stats.append(s)
+        started = time.perf_counter()
+    return torch.stack(losses), stats, computes, walls
+
+
+def check_step_times(stats, computes, walls, *, overlap: bool):
+    """What the StepStats' seconds must satisfy. exposed_s (start calls and blocked waits) and hidden_s (each
+    fetch from its start's return to its wait) are disjoint stretches of the step's time on one thread. Without
+    overlap nothing is hidden and compute runs outside the fetches. With overlap every microbatch but the very
+    last computes while the next fetch is under way, so the hidden time holds those computes: a schedule that
+    waited before computing would hide nothing and fail here, though its losses stay the same."""
+    assert len(stats) == len(computes) == len(walls)
+    for number, (s, microbatches, wall) in enumerate(zip(stats, computes, walls)):
+        where = (f"step {number}: exposed {s.exposed_s:.6f} s, hidden {s.hidden_s:.6f} s, "
+                 f"computes {microbatches}, wall {wall:.6f} s")
+        assert s.exposed_s > 0, where  # every fetch exchanges counts and ids over the exchange
+        if not overlap:
+            assert s.hidden_s == 0, where
+            assert s.exposed_s + sum(microbatches) <= wall, where
+            continue
+        under_way = microbatches if number + 1 < len(stats) else microbatches[:-1]
+        assert s.hidden_s >= sum(under_way), where
+        assert s.exposed_s + s.hidden_s + sum(microbatches[len(under_way):]) <= wall, where
 
 
 def _check_overlap(rank, world):
@@ -54,7 +83,8 @@ def _check_overlap(rank, world):
         emb = ShardedEmbedding(NUM_ITEMS, DIM, exchange=TorchExchange(), init_seed=5, lr=0.1)
         dense = torch.ones(DIM, requires_grad=True)
         scheduler = OverlapScheduler(emb, overlap=overlap, prefetch_exchange=prefetch if overlap else None)
-        losses, stats = train(scheduler, steps, dense)
+        losses, stats, computes, walls = train(scheduler, steps, dense)
+        check_step_times(stats, computes, walls, overlap=overlap)
         results[overlap] = (losses, emb.weight.clone(), emb.accumulator.clone(), dense.detach().clone(), stats)
     off, on = results[False], results[True]
     for a, b in zip(off[:4], on[:4]):
@@ -63,7 +93,6 @@ def _check_overlap(rank, world):
     counts = torch.tensor([sum(s.exclusive for s in on[4]), sum(s.collisions for s in on[4])])
     assert on[4][-1].exclusive == on[4][-1].collisions == 0  # the last step prefetches nothing
     assert all(s.exclusive == s.collisions == 0 for s in off[4])
-    assert all(s.exposed_s >= 0 and s.hidden_s >= 0 for s in on[4] + off[4])
     dist.all_reduce(counts)
     assert counts[0] > 0 and counts[1] > 0, f"exclusive, collisions = {counts.tolist()}"
 
