@@ -1,5 +1,6 @@
 # Two entry points for a fresh machine: `make demo` and `make test`.
 # Both create (or reuse) .venv and install the project with what it needs, torch pinned by constraints.txt.
+# `make gpu-check [OUT=out/gpu]` is for a CUDA machine: no .venv, no install, no Ray (scripts/gpu_check.sh).
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -7,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 export NUMBA_CACHE_DIR ?= $(CURDIR)/.cache/numba
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER ?= 0
 
-.PHONY: install demo test bench clean browser
+.PHONY: install demo test bench clean browser gpu-check
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,6 +36,12 @@ bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test,bench]'
 	$(BIN)/python bench/balance.py --certify 30
 	$(BIN)/python bench/ingest.py
+
+# On a CUDA machine (python with CUDA torch, numba, pyarrow, pytest, triton; nvcc): builds cuda_ext, runs the GPU
+# tests and the GPU benches, logs and JSON under OUT, in under 10 minutes. Uses $(PYTHON), not .venv.
+OUT ?= out/gpu
+gpu-check:
+	PYTHON=$(PYTHON) bash scripts/gpu_check.sh $(OUT)
 
 clean:
 	rm -rf $(VENV) .cache build *.egg-info
