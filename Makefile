@@ -41,7 +41,7 @@ bench: $(STAMP)
 # tests and the GPU benches, logs and JSON under OUT, in under 10 minutes. Uses $(PYTHON), not .venv.
 OUT ?= out/gpu
 gpu-check:
-	PYTHON=$(PYTHON) bash scripts/gpu_check.sh $(OUT)
+	PYTHON="$(PYTHON)" bash scripts/gpu_check.sh "$(OUT)"
 
 clean:
 	rm -rf $(VENV) .cache build *.egg-info
