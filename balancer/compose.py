@@ -134,19 +134,25 @@ def heavy_threshold(costs: np.ndarray, sizes: np.ndarray, ranks: int) -> float:
     the steps that hold no heavy sample get only the light ones. At least ``HEAVY_SHARE`` of the share of a
     step of median samples.
     """
-    ascending = np.sort(costs)  # (N,)
-    share = HEAVY_SHARE * np.cumsum(ascending) / (len(sizes) * ranks)  # (N,) threshold if the first i+1 are light
+    return _threshold(np.sort(costs), len(sizes), ranks)
+
+
+def _threshold(ascending: np.ndarray, n_steps: int, ranks: int) -> float:
+    """``heavy_threshold`` of costs already sorted ascending (N,)."""
+    n = len(ascending)
+    share = HEAVY_SHARE * np.cumsum(ascending) / (n_steps * ranks)  # (N,) threshold if the first i+1 are light
     light = np.flatnonzero(ascending <= share)
     # never below half the share of a step of median samples: with few samples per rank the fixpoint can
     # call every sample heavy, and composition would sort the window instead of fixing its steps
-    typical = HEAVY_SHARE * len(costs) / (len(sizes) * ranks) * float(ascending[len(costs) // 2]) if len(costs) else 0.0
+    typical = HEAVY_SHARE * n / (n_steps * ranks) * float(ascending[n // 2]) if n else 0.0
     return max(float(share[light[-1]]) if light.size else 0.0, typical)
 
 
 def _giants(lengths: np.ndarray, costs: np.ndarray, sizes: np.ndarray, ranks: int, microbatches: int,
             token_room: float) -> np.ndarray:
     n_steps = len(sizes)
-    heavy = np.flatnonzero(costs > heavy_threshold(costs, sizes, ranks))
+    ascending = np.sort(costs)  # (N,) for both thresholds
+    heavy = np.flatnonzero(costs > _threshold(ascending, n_steps, ranks))
     heavy = heavy[np.argsort(-costs[heavy], kind="stable")]  # costliest first, ties in window order
     is_light = np.ones(len(costs), dtype=bool)
     is_light[heavy] = False
@@ -167,7 +173,7 @@ def _giants(lengths: np.ndarray, costs: np.ndarray, sizes: np.ndarray, ranks: in
     step[light] = np.repeat(np.arange(n_steps, dtype=np.int64), sizes - placed)
     repair(step, costs, lengths.astype(np.float64), light, n_steps, ranks, token_room)
     if microbatches > 1:
-        bulky = heavy_threshold(costs, sizes, ranks * microbatches)  # half a microbatch's share
+        bulky = _threshold(ascending, n_steps, ranks * microbatches)  # half a microbatch's share
         even_layers(step, costs, lengths.astype(np.float64), bulky, n_steps, ranks, token_room)
     return step
 

@@ -142,16 +142,29 @@ def repair(step, costs, lengths, light, n_steps, ranks, token_room):
         tokens[k] += lengths[i]
         peak[k] = max(peak[k], costs[i])
     deficit = ranks * peak - totals  # (K,) > 0: the step's costliest sample makes its ranks wait
+    if deficit.max() <= 0.0:
+        return 0
     receivers = np.argsort(-deficit, kind="mergesort")
     by_cost = light[np.argsort(-costs[light], kind="mergesort")]  # lights, costliest first
     donors = by_cost[deficit[step[by_cost]] < 0.0]
+    # the lights of each step, window order (a receiver's lights change only through its own swaps)
+    light_start = np.zeros(n_steps + 1, dtype=np.int64)
+    for i in light:
+        light_start[step[i] + 1] += 1
+    for k in range(n_steps):
+        light_start[k + 1] += light_start[k]
+    grouped = np.empty(light.shape[0], dtype=np.int64)
+    fill = light_start[:-1].copy()
+    for i in light:
+        grouped[fill[step[i]]] = i
+        fill[step[i]] += 1
     d = 0
     swaps = 0
     for q in range(n_steps):
         k = receivers[q]
         if deficit[k] <= 0.0:
             break
-        mine = light[step[light] == k]
+        mine = grouped[light_start[k] : light_start[k + 1]]
         mine = mine[np.argsort(costs[mine], kind="mergesort")]  # lightest first
         x = 0
         while deficit[k] > 0.0 and x < mine.shape[0] and d < donors.shape[0]:
@@ -246,8 +259,25 @@ def even_layers(step, costs, lengths, bulky, n_steps, ranks, token_room):
             count[k] += 1
     for k in range(n_steps):
         starts[k + 1] += starts[k]
-    order = np.argsort(step, kind="mergesort")  # samples by step as they were, window order inside
+    order = np.empty(step.shape[0], dtype=np.int64)  # samples by step as they were, window order inside
+    fill = starts[:-1].copy()
+    for i in range(step.shape[0]):
+        order[fill[step[i]]] = i
+        fill[step[i]] += 1
     need = _layer_roles(count, ranks)  # > 0: bulky samples a step takes; < 0: gives
+    # each rising step's other samples, costliest first, sorted once; it gives them in that order (only
+    # through these swaps), so a pointer per step marks those still there
+    offer = np.empty(step.shape[0], dtype=np.int64)
+    offer_start = np.zeros(n_steps + 1, dtype=np.int64)
+    for b in range(n_steps):
+        offer_start[b + 1] = offer_start[b]
+        if need[b] > 0:
+            theirs = order[starts[b] : starts[b + 1]]
+            theirs = theirs[costs[theirs] <= bulky]
+            theirs = theirs[np.argsort(-costs[theirs], kind="mergesort")]
+            offer[offer_start[b] : offer_start[b] + theirs.shape[0]] = theirs
+            offer_start[b + 1] += theirs.shape[0]
+    given = offer_start[:-1].copy()  # (K,) next sample each rising step offers
     swaps = 0
     for a in range(n_steps):
         give = -need[a]
@@ -263,12 +293,8 @@ def even_layers(step, costs, lengths, bulky, n_steps, ranks, token_room):
             want = need[b]
             if want <= 0:
                 continue
-            theirs = order[starts[b] : starts[b + 1]]
-            theirs = theirs[(costs[theirs] <= bulky) & (step[theirs] == b)]  # still there
-            theirs = theirs[np.argsort(-costs[theirs], kind="mergesort")]  # costliest first
-            y = 0
-            while give > 0 and want > 0 and x < mine.shape[0] and y < theirs.shape[0]:
-                i, j = mine[x], theirs[y]
+            while give > 0 and want > 0 and x < mine.shape[0] and given[b] < offer_start[b + 1]:
+                i, j = mine[x], offer[given[b]]
                 gain = costs[i] - costs[j]
                 if (totals[a] - gain < ranks * peak[a] or totals[b] + gain < ranks * max(peak[b], costs[i])
                         or tokens[b] + lengths[i] - lengths[j] > token_room):
@@ -284,7 +310,7 @@ def even_layers(step, costs, lengths, bulky, n_steps, ranks, token_room):
                 give -= 1
                 want -= 1
                 x += 1
-                y += 1
+                given[b] += 1
                 swaps += 1
     return swaps
 
