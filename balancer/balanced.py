@@ -63,8 +63,8 @@ from balancer.zigzag import serpentine
 # Plans whose peaks differ by less than this fraction tie, and the lower lockstep bubble wins.
 CHOICE_TOLERANCE = 1e-5
 # The early exit takes a start whose peak is at the lower bound and whose time of the objective is within
-# this fraction of its floor: a later start could gain at most that (a lockstep bubble of 1e-4).
-CERTIFY_TOLERANCE = 1e-4
+# this fraction of its floor: a later start could gain at most that (a lockstep bubble of 2.5e-4).
+CERTIFY_TOLERANCE = 2.5e-4
 # Spare capacity of the columns below the top level: discrete samples cannot fill every bin exactly,
 # and the overshoot belongs in the lighter columns, never above the costliest sample.
 LEVEL_SLACK = 2e-4
