@@ -37,7 +37,7 @@ import numpy as np
 
 from balancer.cost import DEFAULT_COST_MODEL, CostModel
 from balancer.kernels.compose import even_layers, gather_cores, repair
-from balancer.plan import validate_lengths
+from balancer.plan import positive_int, validate_lengths
 
 ComposeMethod = Literal["giants", "outlier_delay", "shuffled"]
 # A sample is heavy when it costs more than this fraction of a typical rank's share of a step.
@@ -109,19 +109,17 @@ def compose(
     sizes = sizes.astype(np.int64)
     if int(sizes.sum()) != lengths.size:
         raise ValueError(f"sizes add up to {int(sizes.sum())} samples, but the window holds {lengths.size}")
-    for name, value in (("ranks", ranks), ("microbatches", microbatches)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    ranks, microbatches = positive_int("ranks", ranks), positive_int("microbatches", microbatches)
     if method not in COMPOSERS:
         raise ValueError(f"unknown composition method {method!r}; choose one of {', '.join(COMPOSERS)}")
     costs = (cost_model or DEFAULT_COST_MODEL).cost(lengths)
     shuffled = shuffled_steps(sizes)
     shuffled_time = window_time(costs, shuffled, len(sizes), ranks)
     token_room = _token_room(lengths, sizes, ranks, microbatches, max_tokens)
-    step = COMPOSERS[method](lengths, costs, sizes, int(ranks), int(microbatches), token_room)
+    step = COMPOSERS[method](lengths, costs, sizes, ranks, microbatches, token_room)
     time = window_time(costs, step, len(sizes), ranks)
-    if method == "giants" and (time > shuffled_time or not _fits(lengths, step, sizes, ranks, microbatches,
-                                                                  max_tokens)):
+    tokens = np.bincount(step, weights=lengths, minlength=len(sizes))  # (K,)
+    if method == "giants" and (time > shuffled_time or tokens.max() > token_room):
         return Composition(shuffled, sizes, "shuffled", shuffled_time, shuffled_time)
     return Composition(step, sizes, method, time, shuffled_time)
 
@@ -158,7 +156,8 @@ def _giants(lengths: np.ndarray, costs: np.ndarray, sizes: np.ndarray, ranks: in
     is_light[heavy] = False
     mean_light = float(costs[is_light].mean()) if is_light.any() else 0.0
     mean_light_tokens = float(lengths[is_light].mean()) if is_light.any() else 0.0
-    core, n_cores = gather_cores(heavy, costs, lengths.astype(np.float64), n_steps, ranks, int(sizes.max()),
+    tokens = lengths.astype(np.float64)  # (N,) as the kernels count them
+    core, n_cores = gather_cores(heavy, costs, tokens, n_steps, ranks, int(sizes.max()),
                                  mean_light, mean_light_tokens, token_room)
     step = np.full(len(costs), -1, dtype=np.int64)
     placed = np.zeros(n_steps, dtype=np.int64)  # (K,) core samples placed in each step
@@ -171,10 +170,10 @@ def _giants(lengths: np.ndarray, costs: np.ndarray, sizes: np.ndarray, ranks: in
         placed[target] = len(members)
     light = np.flatnonzero(step < 0)  # window order
     step[light] = np.repeat(np.arange(n_steps, dtype=np.int64), sizes - placed)
-    repair(step, costs, lengths.astype(np.float64), light, n_steps, ranks, token_room)
+    repair(step, costs, tokens, light, n_steps, ranks, token_room)
     if microbatches > 1:
         bulky = _threshold(ascending, n_steps, ranks * microbatches)  # half a microbatch's share
-        even_layers(step, costs, lengths.astype(np.float64), bulky, n_steps, ranks, token_room)
+        even_layers(step, costs, tokens, bulky, n_steps, ranks, token_room)
     return step
 
 
@@ -224,10 +223,3 @@ def _token_room(lengths, sizes, ranks, microbatches, max_tokens) -> float:
     capacity = float(max_tokens) * ranks * microbatches
     fullest = float(np.bincount(shuffled_steps(sizes), weights=lengths, minlength=len(sizes)).max())
     return min(capacity, max(TOKEN_FILL * capacity, fullest))
-
-
-def _fits(lengths, step, sizes, ranks, microbatches, max_tokens) -> bool:
-    if max_tokens is None:
-        return True
-    tokens = np.bincount(step, weights=lengths, minlength=len(sizes))
-    return bool((tokens <= _token_room(lengths, sizes, ranks, microbatches, max_tokens)).all())

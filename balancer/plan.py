@@ -91,14 +91,14 @@ def plan(
     (1 where the plan is the non-local one: the local plan lost the rule, or there was none).
     """
     entry = get_planner(method)
-    ranks = _positive_int("ranks", ranks)
-    microbatches = _positive_int("microbatches", microbatches)
+    ranks = positive_int("ranks", ranks)
+    microbatches = positive_int("microbatches", microbatches)
     lengths = validate_lengths(lengths)
     cost_model = cost_model or DEFAULT_COST_MODEL
     if not isinstance(cost_model, CostModel):
         raise ValueError(f"cost_model must be a balancer.CostModel, got {type(cost_model).__name__}")
     if max_tokens is not None:
-        max_tokens = _positive_int("max_tokens", max_tokens)
+        max_tokens = positive_int("max_tokens", max_tokens)
         _check_token_cap(lengths, max_tokens, ranks * microbatches)
     if not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
@@ -151,7 +151,7 @@ def _objective(value) -> Objective:
                          f"got {value!r}") from None
 
 
-def _positive_int(name: str, value) -> int:
+def positive_int(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return int(value)
