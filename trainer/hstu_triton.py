@@ -19,9 +19,10 @@ dS: each (query block, key block) tile loops over the buckets it touches (a few 
 adds one float32 atomic per bucket.
 
 Buckets match the reference exactly: position buckets come from a table ``position_bucket(0 .. max_len - 1)``
-computed by the reference on the CPU; a time bucket is guessed with the kernel's log2 and then corrected
-against per-bucket thresholds (the smallest |dt| of each bucket, found by bisection over the reference
-``time_bucket``), so a log2 that rounds differently from torch's cannot move a gap into another bucket.
+computed by the reference on the CPU; a time bucket is first guessed from the float32 exponent of 1 + |dt|
+(2 floor(log2), no log2 call) and then moved up by comparing |dt| with per-bucket thresholds (the smallest
+|dt| of each bucket, found by bisection over the reference ``time_bucket``), so no log2 implementation on
+either side can put a gap into another bucket.
 
 float32 inputs multiply in IEEE float32 (no TF32), as torch's matmuls do by default; bfloat16 / float16
 inputs use the tensor cores' native products with float32 accumulation.
@@ -44,6 +45,7 @@ from torch import Tensor
 from trainer.attention import _TIME_BUCKETS_PER_OCTAVE, position_bucket, sample_lengths, time_bucket
 
 _INT64_MAX = 2**63 - 1
+_NEVER = tl.constexpr(_INT64_MAX)  # a gap no bucket threshold is below (kernels read only constexpr globals)
 
 
 def interpreted() -> bool:
@@ -77,8 +79,9 @@ def distance_buckets(max_len: int, num_buckets: int, device: torch.device) -> Te
 
 @functools.lru_cache(maxsize=32)
 def time_thresholds(num_buckets: int, device: torch.device) -> Tensor:
-    """int64 ``(num_buckets + 1,)``: entry b is the smallest |dt| with ``time_bucket(dt) >= b`` (entry 0 is 0);
-    the last entry, and buckets no int64 gap reaches, are int64 max. Bisection over the reference itself."""
+    """int64 ``(num_buckets + PER_OCTAVE,)``: entry b is the smallest |dt| with ``time_bucket(dt) >= b`` (entry 0
+    is 0); the entries from num_buckets on, and buckets no int64 gap reaches, are int64 max. Bisection over the
+    reference itself."""
     wanted = torch.arange(1, num_buckets, dtype=torch.long)  # (nb - 1,)
     lo = torch.zeros_like(wanted)  # time_bucket(lo) < wanted
     hi = torch.full_like(wanted, 2**62)  # time_bucket(hi) >= wanted, where reachable
@@ -88,7 +91,8 @@ def time_thresholds(num_buckets: int, device: torch.device) -> Tensor:
         above = time_bucket(mid, 2**31) >= wanted
         hi, lo = torch.where(above, mid, hi), torch.where(above, lo, mid)
     first = torch.where(reachable, hi, _INT64_MAX)
-    return torch.cat([torch.zeros(1, dtype=torch.long), first, torch.tensor([_INT64_MAX])]).to(device)
+    beyond = torch.full((_TIME_BUCKETS_PER_OCTAVE,), _INT64_MAX)
+    return torch.cat([torch.zeros(1, dtype=torch.long), first, beyond]).to(device)
 
 
 # ---------------------------------------------------------------- kernels
@@ -108,11 +112,12 @@ def _scores(q, k, h, offs_m, offs_n, valid, tq, tk, pos_w, pos_table, time_w, ti
         s += tl.load(pos_w + h * stride_pw + pos_b, mask=valid, other=0.0).to(tl.float32)
     if HAS_TIME:
         gap = tl.abs(tq[:, None] - tk[None, :])  # (BM, BN) int64
-        guess = tl.floor(PER_OCTAVE * tl.log2(1.0 + gap.to(tl.float32))).to(tl.int32)
-        guess = tl.minimum(tl.maximum(guess, 0), n_time - 1)
-        first = tl.load(time_thr + guess, mask=valid, other=0)  # smallest gap of bucket `guess`
-        after = tl.load(time_thr + guess + 1, mask=valid, other=_INT64_MAX)  # smallest gap of the next one
-        time_b = guess + (gap >= after).to(tl.int32) - (gap < first).to(tl.int32)
+        x = 1.0 + gap.to(tl.float32)  # as time_bucket: float32(|dt|) + 1, in float32
+        octave = ((x.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127  # floor(log2 x), exact: x >= 1 is normal
+        guess = tl.minimum(PER_OCTAVE * octave, n_time - 1)  # floor(PER_OCTAVE log2 x) is guess .. guess + PER_OCTAVE
+        time_b = guess - (gap < tl.load(time_thr + guess, mask=valid, other=0)).to(tl.int32)  # a log2 that rounds 2^e down
+        for step in tl.static_range(1, PER_OCTAVE + 1):
+            time_b += (gap >= tl.load(time_thr + guess + step, mask=valid, other=_NEVER)).to(tl.int32)
         s += tl.load(time_w + h * stride_tw + time_b, mask=valid, other=0.0).to(tl.float32)
     return s, pos_b, time_b
 
@@ -290,7 +295,7 @@ class _Launch:
         args = [pos_w if pos_w is not None else spare, self.pos_table if pos_w is not None else spare,
                 time_w if time_w is not None else spare, self.timestamps if time_w is not None else spare,
                 self.time_thr if time_w is not None else spare]
-        consts = dict(HAS_POS=pos_w is not None, HAS_TIME=time_w is not None, PER_OCTAVE=float(_TIME_BUCKETS_PER_OCTAVE),
+        consts = dict(HAS_POS=pos_w is not None, HAS_TIME=time_w is not None, PER_OCTAVE=_TIME_BUCKETS_PER_OCTAVE,
                       BLOCK_M=self.block_m, BLOCK_N=self.block_n, BLOCK_D=self.block_d, PRECISION=self.precision,
                       num_warps=self.num_warps)
         return args, consts

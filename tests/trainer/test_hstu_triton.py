@@ -1,0 +1,78 @@
+"""trainer.hstu_triton: its kernels under Triton's interpreter (hstu_interpreter_cases.py, in a subprocess with
+TRITON_INTERPRET=1), and what needs no kernel run: the dispatch of ``jagged_attention``, its errors, the time
+bucket thresholds, the refusal of CPU tensors by compiled kernels."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainer import attention as attention_module
+from trainer.attention import AttentionImpl, resolve_impl, time_bucket
+
+pytest.importorskip("triton", reason="the test extra installs triton (pip install -e '.[test]')")
+
+ROOT = Path(__file__).parents[2]
+CASES = Path(__file__).with_name("hstu_interpreter_cases.py")
+
+
+def test_kernels_match_the_reference_under_the_interpreter():
+    env = {**os.environ, "TRITON_INTERPRET": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(CASES)],
+                          capture_output=True, text=True, timeout=240, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    assert " passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-2000:]
+
+
+def test_time_thresholds_reproduce_the_reference_buckets():
+    """The kernel's bucket = its log2 guess corrected by these thresholds: they must cut where time_bucket does."""
+    from trainer import hstu_triton
+
+    thresholds = hstu_triton.time_thresholds(64, torch.device("cpu"))  # (65,)
+    inner = thresholds[1:-1][thresholds[1:-1] < 2**62]
+    assert inner.numel() >= 60
+    wanted = torch.arange(1, inner.numel() + 1)
+    assert (time_bucket(inner, 64) >= wanted).all() and (time_bucket(inner - 1, 64) < wanted).all()  # the first
+    gen = torch.Generator().manual_seed(0)
+    gaps = torch.cat([torch.randint(0, 2**40, (5000,), generator=gen), torch.arange(5000), inner - 2, inner + 1]).clamp(min=0)
+    by_table = torch.searchsorted(thresholds, gaps, right=True) - 1  # the bucket whose first gap is <= |dt|
+    assert torch.equal(by_table.clamp(max=63), time_bucket(gaps, 64))
+
+
+def test_compiled_kernels_refuse_cpu_tensors():
+    from trainer import hstu_triton  # the ordinary import: compiled kernels, no interpreter
+
+    if hstu_triton.interpreted():
+        pytest.skip("TRITON_INTERPRET=1 is set for the whole run")
+    q = k = v = torch.zeros(3, 1, 8)
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        hstu_triton.hstu_attention(q, k, v, torch.tensor([0, 3]), None, 8)
+
+
+def test_auto_picks_triton_for_hstu_on_cuda_and_grouped_elsewhere(monkeypatch):
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert resolve_impl("auto", "hstu", cpu) is AttentionImpl.GROUPED
+    assert resolve_impl("auto", "softmax", cuda) is AttentionImpl.FLEX
+    assert resolve_impl(AttentionImpl.AUTO, "hstu", cuda) is AttentionImpl.TRITON
+    monkeypatch.setattr(attention_module, "triton_available", lambda: False)
+    assert resolve_impl(AttentionImpl.AUTO, "hstu", cuda) is AttentionImpl.GROUPED
+    with pytest.raises(ImportError, match="pip install 'triton>=3.2'"):
+        attention_module._triton_module()
+
+
+def test_impl_errors_name_the_fix():
+    cpu = torch.device("cpu")
+    with pytest.raises(ValueError, match="impl=triton computes HSTU's SiLU attention only"):
+        resolve_impl("triton", "softmax", cpu)
+    with pytest.raises(ValueError, match="cannot express kind='hstu'"):
+        resolve_impl("flex", "hstu", cpu)
+    with pytest.raises(ValueError, match=r"'cudnn' is not one of \['auto', 'grouped', 'flex', 'triton'\]"):
+        resolve_impl("cudnn", "hstu", cpu)
+    from trainer.model import HSTU
+
+    with pytest.raises(ValueError, match="impl=triton computes HSTU's SiLU attention only"):
+        HSTU(8, 1, 2, attention="softmax", max_len=8, attention_impl="triton")
