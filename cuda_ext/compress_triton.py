@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-MAX_COLS = 8192  # wider rows are left to compress.cu (a row is one tile here)
+from cuda_ext.compress import TRITON_MAX_COLS as MAX_COLS  # wider rows are left to compress.cu
 _TILE = 2048  # elements per program, about
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # dtype code = index, as compress.py's header
 
@@ -42,7 +42,8 @@ def _widen(ptr, offs, mask, DTYPE: tl.constexpr):
 
 @triton.jit
 def _round_bf16_bits(v):
-    """float32 -> its bfloat16 rounding (nearest, ties to even, as torch), as float32 bits in an int32."""
+    """float32 -> its bfloat16 rounding (nearest, ties to even, as torch), as float32 bits in an int32. NaN
+    (only in rows whose step overflowed, which are sent raw) keeps no particular payload."""
     bits = v.to(tl.int32, bitcast=True)
     return (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
 
@@ -161,7 +162,8 @@ def encode_rows_triton(x: Tensor, eb: float, bits: int, step_factor: float, marg
                        ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """x (rows, cols) -> lo (rows,) f32, step (rows,) f32, packed (rows, row_bytes) u8, status (rows,) u8.
 
-    ``step_factor`` = float32(1 / (2^bits - 1)) and ``margin`` = compress.VERIFY_MARGIN, from compress.py.
+    ``step_factor`` = float32(1 / (2^bits - 1)) and ``margin`` = compress.VERIFY_MARGIN, from compress.py
+    (``compress.encode_rows_triton`` passes them).
     """
     x = x.contiguous()
     rows, cols = x.shape

@@ -2,30 +2,20 @@
 TRITON_INTERPRET=1), and what needs no kernel run: the dispatch of ``jagged_attention``, its errors, the time
 bucket thresholds, the refusal of CPU tensors by compiled kernels."""
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.interpreter import run_interpreted
 from trainer import attention as attention_module
 from trainer.attention import AttentionImpl, resolve_impl, time_bucket
 
 pytest.importorskip("triton", reason="the test extra installs triton (pip install -e '.[test]')")
 
-ROOT = Path(__file__).parents[2]
-CASES = Path(__file__).with_name("hstu_interpreter_cases.py")
-
 
 def test_kernels_match_the_reference_under_the_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(CASES)],
-                          capture_output=True, text=True, timeout=240, env=env, cwd=ROOT)
-    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
-    assert " passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-2000:]
+    run_interpreted(Path(__file__).with_name("hstu_interpreter_cases.py"))
 
 
 def test_time_thresholds_reproduce_the_reference_buckets():
