@@ -20,6 +20,8 @@ compress.cu does). ``TRITON_INTERPRET=1`` runs the kernels on CPU tensors: CI ch
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import triton
 import triton.language as tl
@@ -72,10 +74,10 @@ def _code(v, lo, step, usable, QMAX: tl.constexpr):
 
 @triton.jit
 def _encode_kernel(X, LO, STEP, PACKED, STATUS, PARAMS, rows, cols, row_bytes, k,
-                   DTYPE: tl.constexpr, BITS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
-                   BLOCK_B: tl.constexpr):
-    """BLOCK_R rows: lo, step, packed codes and status (0 ok, 1 some element outside the bound, 2 not finite)."""
-    QMAX: tl.constexpr = (1 << BITS) - 1
+                   DTYPE: tl.constexpr, BITS: tl.constexpr, QMAX: tl.constexpr, BLOCK_R: tl.constexpr,
+                   BLOCK_C: tl.constexpr, BLOCK_B: tl.constexpr):
+    """BLOCK_R rows: lo, step, packed codes and status (0 ok, 1 some element outside the bound, 2 not finite).
+    QMAX = 2^BITS - 1 as a float."""
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # (BR,)
     in_r = r < rows
     row = r.to(tl.int64)
@@ -178,11 +180,12 @@ def encode_rows_triton(x: Tensor, eb: float, bits: int, step_factor: float, marg
     if rows:
         block_r, block_c, block_b = _tiles(cols, row_bytes)
         params = torch.tensor([eb, margin], dtype=torch.float64, device=x.device)
-        _encode_kernel[(triton.cdiv(rows, block_r),)](
-            _bits_view(x), lo, step, packed, status, params, rows, cols, row_bytes, step_factor,
-            DTYPE=_DTYPES.index(x.dtype), BITS=bits, BLOCK_R=block_r, BLOCK_C=block_c, BLOCK_B=block_b,
-            enable_fp_fusion=False,
-        )
+        with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():  # launch on x's GPU
+            _encode_kernel[(triton.cdiv(rows, block_r),)](
+                _bits_view(x), lo, step, packed, status, params, rows, cols, row_bytes, step_factor,
+                DTYPE=_DTYPES.index(x.dtype), BITS=bits, QMAX=float(2**bits - 1), BLOCK_R=block_r,
+                BLOCK_C=block_c, BLOCK_B=block_b, enable_fp_fusion=False,
+            )
     return lo, step, packed, status
 
 
@@ -196,8 +199,9 @@ def decode_rows_triton(lo: Tensor, step: Tensor, packed: Tensor, bits: int, cols
             raise ValueError(f"decode_rows_triton: rows of {cols} values are wider than MAX_COLS={MAX_COLS}; "
                              "use compress.cu (decode_rows_cuda) or the torch reference for them")
         block_r, block_c, _ = _tiles(cols, packed.shape[1])
-        _decode_kernel[(triton.cdiv(rows, block_r),)](
-            lo, step, packed, _bits_view(out), rows, cols, packed.shape[1], DTYPE=_DTYPES.index(dtype), BITS=bits,
-            BLOCK_R=block_r, BLOCK_C=block_c, enable_fp_fusion=False,
-        )
+        with torch.cuda.device(lo.device) if lo.is_cuda else contextlib.nullcontext():
+            _decode_kernel[(triton.cdiv(rows, block_r),)](
+                lo, step, packed, _bits_view(out), rows, cols, packed.shape[1], DTYPE=_DTYPES.index(dtype),
+                BITS=bits, BLOCK_R=block_r, BLOCK_C=block_c, enable_fp_fusion=False,
+            )
     return out

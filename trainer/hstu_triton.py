@@ -34,6 +34,7 @@ them.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass
 
@@ -287,7 +288,7 @@ class _Launch:
     block_n: int
     block_d: int
     precision: str
-    num_warps: int
+    num_warps: int  # forward; the backward kernels hold twice the tiles and get twice the warps
 
     def common(self, pos_w: Tensor | None, time_w: Tensor | None) -> tuple[list, dict]:
         """Bias arguments (a placeholder pointer where a table is absent) and the compile-time constants."""
@@ -296,8 +297,7 @@ class _Launch:
                 time_w if time_w is not None else spare, self.timestamps if time_w is not None else spare,
                 self.time_thr if time_w is not None else spare]
         consts = dict(HAS_POS=pos_w is not None, HAS_TIME=time_w is not None, PER_OCTAVE=_TIME_BUCKETS_PER_OCTAVE,
-                      BLOCK_M=self.block_m, BLOCK_N=self.block_n, BLOCK_D=self.block_d, PRECISION=self.precision,
-                      num_warps=self.num_warps)
+                      BLOCK_M=self.block_m, BLOCK_N=self.block_n, BLOCK_D=self.block_d, PRECISION=self.precision)
         return args, consts
 
 
@@ -319,16 +319,17 @@ class _HSTUAttention(torch.autograd.Function):
         pos_w = None if pos_w is None else pos_w.contiguous()
         time_w = None if time_w is None else time_w.contiguous()
         total, heads, head_dim = q.shape
-        out = torch.zeros((total, heads, head_dim), dtype=q.dtype, device=q.device)
+        out = torch.empty((total, heads, head_dim), dtype=q.dtype, device=q.device)  # every token's block writes it
         blocks = launch.q_blocks[0].numel()
         if blocks:
             bias_args, consts = launch.common(pos_w, time_w)
-            _fwd_kernel[(blocks, heads)](
-                q, k, v, out, launch.offsets, *launch.q_blocks, *bias_args,
-                q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-                out.stride(0), out.stride(1), *_bias_strides(pos_w, time_w), launch.inv_n, head_dim,
-                0 if time_w is None else time_w.shape[1], **consts,
-            )
+            with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():  # launch on q's GPU
+                _fwd_kernel[(blocks, heads)](
+                    q, k, v, out, launch.offsets, *launch.q_blocks, *bias_args,
+                    q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+                    out.stride(0), out.stride(1), *_bias_strides(pos_w, time_w), launch.inv_n, head_dim,
+                    0 if time_w is None else time_w.shape[1], num_warps=launch.num_warps, **consts,
+                )
         ctx.save_for_backward(q, k, v, pos_w, time_w)
         ctx.launch = launch
         return out
@@ -339,7 +340,7 @@ class _HSTUAttention(torch.autograd.Function):
         launch: _Launch = ctx.launch
         dout = _row_major(dout)
         total, heads, head_dim = q.shape
-        dq, dk, dv = (torch.zeros((total, heads, head_dim), dtype=q.dtype, device=q.device) for _ in range(3))
+        dq, dk, dv = (torch.empty((total, heads, head_dim), dtype=q.dtype, device=q.device) for _ in range(3))
         dpos = None if pos_w is None else torch.zeros(pos_w.shape, dtype=torch.float32, device=q.device)
         dtime = None if time_w is None else torch.zeros(time_w.shape, dtype=torch.float32, device=q.device)
         n_pos = 0 if pos_w is None else pos_w.shape[1]
@@ -347,18 +348,20 @@ class _HSTUAttention(torch.autograd.Function):
         bias_args, consts = launch.common(pos_w, time_w)
         qkv_strides = [q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                        dout.stride(0), dout.stride(1), dq.stride(0), dq.stride(1)]
-        if launch.k_blocks[0].numel():
-            spare = launch.offsets
-            _bwd_dkdv_kernel[(launch.k_blocks[0].numel(), heads)](
-                q, k, v, dout, dk, dv, spare if dpos is None else dpos, spare if dtime is None else dtime,
-                launch.offsets, *launch.k_blocks, *bias_args, *qkv_strides, *_bias_strides(pos_w, time_w),
-                launch.inv_n, head_dim, n_pos, n_time, **consts,
-            )
-        if launch.q_blocks[0].numel():
-            _bwd_dq_kernel[(launch.q_blocks[0].numel(), heads)](
-                q, k, v, dout, dq, launch.offsets, *launch.q_blocks, *bias_args, *qkv_strides,
-                *_bias_strides(pos_w, time_w), launch.inv_n, head_dim, n_time, **consts,
-            )
+        warps = 2 * launch.num_warps
+        with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
+            if launch.k_blocks[0].numel():
+                spare = launch.offsets
+                _bwd_dkdv_kernel[(launch.k_blocks[0].numel(), heads)](
+                    q, k, v, dout, dk, dv, spare if dpos is None else dpos, spare if dtime is None else dtime,
+                    launch.offsets, *launch.k_blocks, *bias_args, *qkv_strides, *_bias_strides(pos_w, time_w),
+                    launch.inv_n, head_dim, n_pos, n_time, num_warps=warps, **consts,
+                )
+            if launch.q_blocks[0].numel():
+                _bwd_dq_kernel[(launch.q_blocks[0].numel(), heads)](
+                    q, k, v, dout, dq, launch.offsets, *launch.q_blocks, *bias_args, *qkv_strides,
+                    *_bias_strides(pos_w, time_w), launch.inv_n, head_dim, n_time, num_warps=warps, **consts,
+                )
         dpos = None if dpos is None else dpos.to(pos_w.dtype)
         dtime = None if dtime is None else dtime.to(time_w.dtype)
         return dq, dk, dv, dpos, dtime, None
