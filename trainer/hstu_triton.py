@@ -43,7 +43,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from trainer.attention import _TIME_BUCKETS_PER_OCTAVE, position_bucket, sample_lengths, time_bucket
+from trainer.attention import (_TIME_BUCKETS_PER_OCTAVE, JaggedBias, position_bucket, sample_lengths,
+                               time_bucket)
 
 _INT64_MAX = 2**63 - 1
 _NEVER = tl.constexpr(_INT64_MAX)  # a gap no bucket threshold is below (kernels read only constexpr globals)
@@ -283,7 +284,7 @@ class _Launch:
     inv_n: float  # 1 / max_len
     pos_table: Tensor | None  # (max_len,) int32
     timestamps: Tensor | None  # (T,) int64
-    time_thr: Tensor | None  # (time buckets + 1,) int64
+    time_thr: Tensor | None  # (time buckets + PER_OCTAVE,) int64
     block_m: int
     block_n: int
     block_d: int
@@ -373,7 +374,7 @@ def _power_of_two_tile(name: str, value: int) -> int:
     return value
 
 
-def hstu_attention(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, bias, max_len: int, *,
+def hstu_attention(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, bias: JaggedBias | None, max_len: int, *,
                    block_m: int | None = None, block_n: int | None = None, num_warps: int = 4) -> Tensor:
     """Fused causal HSTU attention over a jagged batch: ``(T, H, D)`` x3 -> ``(T, H, D)`` (module docstring).
 
