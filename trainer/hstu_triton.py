@@ -47,6 +47,7 @@ from trainer.attention import (_TIME_BUCKETS_PER_OCTAVE, JaggedBias, position_bu
                                time_bucket)
 
 _INT64_MAX = 2**63 - 1
+_STAGES = 2  # software-pipelined loads; 3 (triton's default) triples the shared memory of the time-bias tiles
 _NEVER = tl.constexpr(_INT64_MAX)  # a gap no bucket threshold is below (kernels read only constexpr globals)
 
 
@@ -292,13 +293,14 @@ class _Launch:
     num_warps: int  # forward; the backward kernels hold twice the tiles and get twice the warps
 
     def common(self, pos_w: Tensor | None, time_w: Tensor | None) -> tuple[list, dict]:
-        """Bias arguments (a placeholder pointer where a table is absent) and the compile-time constants."""
+        """Bias arguments (a placeholder pointer where a table is absent), compile-time constants and options."""
         spare = self.offsets  # never read: its branch is compiled out
         args = [pos_w if pos_w is not None else spare, self.pos_table if pos_w is not None else spare,
                 time_w if time_w is not None else spare, self.timestamps if time_w is not None else spare,
                 self.time_thr if time_w is not None else spare]
         consts = dict(HAS_POS=pos_w is not None, HAS_TIME=time_w is not None, PER_OCTAVE=_TIME_BUCKETS_PER_OCTAVE,
-                      BLOCK_M=self.block_m, BLOCK_N=self.block_n, BLOCK_D=self.block_d, PRECISION=self.precision)
+                      BLOCK_M=self.block_m, BLOCK_N=self.block_n, BLOCK_D=self.block_d, PRECISION=self.precision,
+                      enable_fp_fusion=True)  # fused multiply-adds are welcome here (said, as triton 3.10 flips it)
         return args, consts
 
 
@@ -329,7 +331,8 @@ class _HSTUAttention(torch.autograd.Function):
                     q, k, v, out, launch.offsets, *launch.q_blocks, *bias_args,
                     q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                     out.stride(0), out.stride(1), *_bias_strides(pos_w, time_w), launch.inv_n, head_dim,
-                    0 if time_w is None else time_w.shape[1], num_warps=launch.num_warps, **consts,
+                    0 if time_w is None else time_w.shape[1], num_warps=launch.num_warps, num_stages=_STAGES,
+                    **consts,
                 )
         ctx.save_for_backward(q, k, v, pos_w, time_w)
         ctx.launch = launch
@@ -356,12 +359,13 @@ class _HSTUAttention(torch.autograd.Function):
                 _bwd_dkdv_kernel[(launch.k_blocks[0].numel(), heads)](
                     q, k, v, dout, dk, dv, spare if dpos is None else dpos, spare if dtime is None else dtime,
                     launch.offsets, *launch.k_blocks, *bias_args, *qkv_strides, *_bias_strides(pos_w, time_w),
-                    launch.inv_n, head_dim, n_pos, n_time, num_warps=warps, **consts,
+                    launch.inv_n, head_dim, n_pos, n_time, num_warps=warps, num_stages=_STAGES, **consts,
                 )
             if launch.q_blocks[0].numel():
                 _bwd_dq_kernel[(launch.q_blocks[0].numel(), heads)](
                     q, k, v, dout, dq, launch.offsets, *launch.q_blocks, *bias_args, *qkv_strides,
-                    *_bias_strides(pos_w, time_w), launch.inv_n, head_dim, n_time, num_warps=warps, **consts,
+                    *_bias_strides(pos_w, time_w), launch.inv_n, head_dim, n_time, num_warps=warps,
+                    num_stages=_STAGES, **consts,
                 )
         dpos = None if dpos is None else dpos.to(pos_w.dtype)
         dtime = None if dtime is None else dtime.to(time_w.dtype)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.interpreter import run_interpreted
+from tests.triton_checks import run_interpreted
 from trainer import attention as attention_module
 from trainer.attention import AttentionImpl, resolve_impl, time_bucket
 
@@ -66,3 +66,24 @@ def test_impl_errors_name_the_fix():
 
     with pytest.raises(ValueError, match="impl=triton computes HSTU's SiLU attention only"):
         HSTU(8, 1, 2, attention="softmax", max_len=8, attention_impl="triton")
+
+
+def test_kernels_compile_for_an_h100():
+    """The interpreter runs the kernels' Python; this compiles them (bf16, both biases: every branch) for sm_90,
+    down to a cubin, and bounds their shared memory by what an A100 offers (163 KiB) as well as an H100."""
+    from tests.triton_checks import compile_for_sm90
+    from trainer import hstu_triton
+
+    pointers = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*bf16", "DO": "*bf16", "DK": "*bf16",
+                "DV": "*bf16", "DQ": "*bf16", "DPOS": "*fp32", "DTIME": "*fp32", "offsets": "*i64",
+                "blk_sample": "*i32", "blk_start": "*i32", "pos_table": "*i32", "pos_w": "*fp32", "time_w": "*fp32",
+                "ts": "*i64", "time_thr": "*i64", "inv_n": "fp32"}
+    constexprs = dict(HAS_POS=True, HAS_TIME=True, PER_OCTAVE=2, BLOCK_M=64, BLOCK_N=64, BLOCK_D=64,
+                      PRECISION="tf32")
+    for kernel, warps in ((hstu_triton._fwd_kernel, 4), (hstu_triton._bwd_dkdv_kernel, 8),
+                          (hstu_triton._bwd_dq_kernel, 8)):
+        types = {name: pointers.get(name, "i32") for name in kernel.arg_names}
+        compiled = compile_for_sm90(kernel, types, constexprs, num_warps=warps, num_stages=hstu_triton._STAGES,
+                                    enable_fp_fusion=True)
+        assert "mma" in compiled.asm["ptx"]  # the products run on the tensor cores
+        assert compiled.metadata.shared <= 163 * 1024, (kernel.fn.__name__, compiled.metadata.shared)
