@@ -18,8 +18,8 @@ stay within ~1000x their range). Constant rows (hi == lo) reconstruct exactly.
 
 Two GPU codecs and the torch reference below compute the same values with the same correctly rounded
 float32/float64 operations in the same order, so CPU and GPU payloads are identical bytes: the Triton kernels
-of compress_triton.py (used on CUDA when triton is installed and rows have at most TRITON_MAX_COLS values; checked bit
-for bit against the reference in CI through Triton's interpreter) and compress.cu's (otherwise).
+of compress_triton.py (used on CUDA when triton is installed and rows have at most TRITON_MAX_COLS values;
+checked bit for bit against the reference in CI through Triton's interpreter) and compress.cu's (otherwise).
 
 Payload: one flat uint8 tensor, a multiple of ALIGN bytes, that can travel through an all-to-all:
 
@@ -256,8 +256,8 @@ def compress(x: Tensor, eb: float) -> Tensor:
     """x (rows, d) float32/bfloat16/float16 -> self-describing payload (n_bytes,) uint8 on x's device.
 
     decompress(payload) has x's shape and dtype and |x - x_hat| <= eb * (max - min of the row) everywhere.
-    CUDA tensors use the Triton kernels (compress.cu's without triton or for rows wider than TRITON_MAX_COLS), others the
-    torch reference; all give the same bytes.
+    CUDA tensors use the Triton kernels (compress.cu's without triton or for rows wider than TRITON_MAX_COLS),
+    others the torch reference; all give the same bytes.
     """
     code = _dtype_code(x)
     bits = code_bits(eb)

@@ -40,7 +40,7 @@ Kind = Literal["hstu", "softmax"]
 class AttentionImpl(StrEnum):
     """Which path computes ``jagged_attention`` (module docstring)."""
 
-    AUTO = "auto"  # TRITON for HSTU on CUDA (GROUPED if triton is not installed), FLEX for softmax on CUDA, else GROUPED
+    AUTO = "auto"  # CUDA: TRITON for HSTU (GROUPED without triton), FLEX for softmax; CPU: GROUPED
     GROUPED = "grouped"  # batched matmuls over groups of similar lengths; any device, any kind
     FLEX = "flex"  # compiled flex_attention; softmax only
     TRITON = "triton"  # trainer.hstu_triton's fused kernel; HSTU only, CUDA (or the CPU under TRITON_INTERPRET=1)
@@ -57,6 +57,7 @@ class AttentionImpl(StrEnum):
 def triton_available() -> bool:
     """Whether triton can be imported (CUDA builds of torch ship it; the CPU build does not)."""
     return importlib.util.find_spec("triton") is not None
+
 
 _GROUP_RATIO = (5, 4)  # a group's longest sample is at most 5/4 of its shortest
 _EXACT_DISTANCES = 16  # relative distances below this get a bucket each; beyond, 4 buckets per octave
@@ -210,7 +211,7 @@ def jagged_attention(
     kind: Kind = "hstu",
     bias: JaggedBias | None = None,
     max_len: int | None = None,
-    impl: AttentionImpl = AttentionImpl.AUTO,
+    impl: AttentionImpl | str = AttentionImpl.AUTO,
 ) -> Tensor:
     """Causal attention inside each sample of a jagged batch: ``(T, H, D)`` x3 -> ``(T, H, D)``.
 
