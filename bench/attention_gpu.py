@@ -62,7 +62,7 @@ BIASES = ("none", "position", "position+time")
 def batch_lengths(tokens: int, max_len: int, *, median: float, sigma: float, seed: int) -> np.ndarray:
     """Lognormal lengths capped at max_len, summing to at most ``tokens``, then one sample of exactly max_len."""
     pool = sample_lengths("lognormal", max(8, 4 * tokens // max(1, int(median))), max_len=max_len, seed=seed,
-                          median=median, sigma=sigma, min_len=1)  # (pool,)
+                          median=median, sigma=sigma)  # (pool,) in [1, max_len]
     keep = np.cumsum(pool) <= max(0, tokens - max_len)
     return np.append(pool[keep], max_len).astype(np.int64)  # (n,)
 
