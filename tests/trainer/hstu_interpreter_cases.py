@@ -69,6 +69,7 @@ def _boundary_gaps(total, seed):
         ([1, 15, 16, 17, 33], "position+time", 16, 16),  # lengths across block edges
         ([64, 1, 2, 1, 3], "position", 16, 32),  # one long sample among short ones; unequal tiles
         ([0, 5, 0, 18], "none", 32, 16),  # empty samples in between, no bias
+        ([80, 1, 64, 65], "position+time", None, None),  # the default 64 x 64 tiles (the GPU's)
     ],
 )
 def test_values_and_gradients_match_the_grouped_path(lengths, bias, block_m, block_n):
