@@ -228,7 +228,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, default=None)
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--quick", action="store_true", help="small sizes: a GPU check of the script")
-    ap.add_argument("--smoke", action="store_true", help="CPU: the logic at tiny sizes, no Triton; numbers mean nothing")
+    ap.add_argument("--smoke", action="store_true",
+                    help="CPU: the logic at tiny sizes, no Triton; numbers mean nothing")
     ap.add_argument("--json-out", type=Path)
     args = ap.parse_args(argv)
     methods = args.methods.split(",")

@@ -9,8 +9,8 @@ The math of ``trainer.attention.jagged_attention(kind="hstu")``, for query i and
 Layout: q, k, v ``(T, H, D)`` with the samples' tokens concatenated, offsets int64 ``(n + 1,)`` (cu_seqlens).
 A host-side block table lists, for every sample, its blocks of ``BLOCK_M`` queries: the forward grid is
 ``(blocks, H)``, each program loops over the key blocks of its own sample up to the diagonal only. Nothing is
-padded to a common length and no program touches another sample, so the work is sum_i ceil(L_i / B)^2 / 2
-tiles, not n * max_len^2.
+padded to a common length and no program touches another sample, so the work is sum_i b_i (b_i + 1) / 2
+tiles (b_i = ceil(L_i / B)), not n * max_len^2.
 
 Backward, without atomics on q, k, v: one kernel per key block (dk, dv, and the bias-table gradients; it loops
 over the query blocks at and below its diagonal), one per query block (dq). Both recompute the scores; HSTU has
@@ -25,7 +25,8 @@ computed by the reference on the CPU; a time bucket is first guessed from the fl
 either side can put a gap into another bucket.
 
 float32 inputs multiply in IEEE float32 (no TF32), as torch's matmuls do by default; bfloat16 / float16
-inputs use the tensor cores' native products with float32 accumulation.
+inputs use the tensor cores' native products with float32 accumulation, A rounded to the input dtype before
+A v (as flash kernels do).
 
 Importing this module needs triton; ``trainer.attention`` imports it only when the Triton path runs. Under
 ``TRITON_INTERPRET=1`` (set before triton is imported) the kernels run on CPU tensors: that is how CI checks
@@ -117,8 +118,9 @@ def _scores(q, k, h, offs_m, offs_n, valid, tq, tk, pos_w, pos_table, time_w, ti
         gap = tl.abs(tq[:, None] - tk[None, :])  # (BM, BN) int64
         x = 1.0 + gap.to(tl.float32)  # as time_bucket: float32(|dt|) + 1, in float32
         octave = ((x.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127  # floor(log2 x), exact: x >= 1 is normal
-        guess = tl.minimum(PER_OCTAVE * octave, n_time - 1)  # floor(PER_OCTAVE log2 x) is guess .. guess + PER_OCTAVE
-        time_b = guess - (gap < tl.load(time_thr + guess, mask=valid, other=0)).to(tl.int32)  # a log2 that rounds 2^e down
+        # floor(PER_OCTAVE log2 x) lies in guess .. guess + PER_OCTAVE (the -1 covers a log2 rounding 2^e down)
+        guess = tl.minimum(PER_OCTAVE * octave, n_time - 1)
+        time_b = guess - (gap < tl.load(time_thr + guess, mask=valid, other=0)).to(tl.int32)
         for step in tl.static_range(1, PER_OCTAVE + 1):
             time_b += (gap >= tl.load(time_thr + guess + step, mask=valid, other=_NEVER)).to(tl.int32)
         s += tl.load(time_w + h * stride_tw + time_b, mask=valid, other=0.0).to(tl.float32)

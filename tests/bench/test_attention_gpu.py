@@ -1,5 +1,6 @@
 """``bench/attention_gpu.py``: its ``--smoke`` CPU mode (length sampling, FLOP counting, the timing loop over the
-grouped and SDPA paths, the JSON line), argument errors, the no-CUDA exit. On a GPU the bench itself is a step of scripts/gpu_check.sh (not repeated in its pytest step)."""
+grouped and SDPA paths, the JSON line), argument errors, the no-CUDA exit. On a GPU the bench itself is a step
+of scripts/gpu_check.sh (not repeated in its pytest step)."""
 
 import json
 

@@ -28,7 +28,8 @@ def test_time_thresholds_reproduce_the_reference_buckets():
     wanted = torch.arange(1, inner.numel() + 1)
     assert (time_bucket(inner, 64) >= wanted).all() and (time_bucket(inner - 1, 64) < wanted).all()  # the first
     gen = torch.Generator().manual_seed(0)
-    gaps = torch.cat([torch.randint(0, 2**40, (5000,), generator=gen), torch.arange(5000), inner - 2, inner + 1]).clamp(min=0)
+    gaps = torch.cat([torch.randint(0, 2**40, (5000,), generator=gen), torch.arange(5000), inner - 2, inner + 1])
+    gaps = gaps.clamp(min=0)
     by_table = torch.searchsorted(thresholds, gaps, right=True) - 1  # the bucket whose first gap is <= |dt|
     assert torch.equal(by_table.clamp(max=63), time_bucket(gaps, 64))
 
