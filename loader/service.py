@@ -1,8 +1,8 @@
 """The coordinator's logic as plain asyncio: runs, layouts, messages, bounded per-rank queues.
 
-No Ray here: the Ray coordinator actor is a thin shell that passes in how to read a unit, how to
-pack rows on a node and how to tell whether a trainer process lives, and tests drive this class
-directly. The coordinator is a control plane: it receives each row group's statuses and lengths
+No Ray here: the Ray coordinator actor is a thin shell that passes in its
+:class:`loader.protocol.Readers` (read a unit, pack rows on a node, renew lost units, tell whether
+the ranks' processes and nodes live), and tests drive this class directly. The coordinator is a control plane: it receives each row group's statuses and lengths
 (:class:`loader.clean.UnitMeta`) and a *handle* to its decoded rows, which stay on the node that
 read them; it plans, and hands each rank a :class:`loader.assemble.RankMessage` of handles and
 indices. It never reads event data.
@@ -21,8 +21,12 @@ comes fast), and puts every rank's message into that rank's queue of ``prefetch_
   messages per rank), while faster ranks keep taking the messages already in their queues;
 - a run retires once every rank has finished it; a run with another key waits until then, so all
   ranks must iterate the same epochs in the same order (each rank in its own process or thread);
-- a rank whose process died (``alive`` says so) ends the run for every other rank with a named
-  error, so the launcher restarts the group instead of waiting on a dead peer.
+- a rank whose process died, or whose node is lost (declared dead, or silent for
+  ``config.liveness_timeout`` seconds), ends the run for every other rank with a named error
+  (:class:`loader.errors.RankLost`, :class:`loader.errors.NodeLost`), so the launcher restarts the
+  group instead of waiting on a dead peer.
+
+Every reply is a :data:`loader.protocol.Reply`.
 """
 
 from __future__ import annotations
@@ -31,22 +35,23 @@ import asyncio
 import itertools
 import warnings
 from collections import deque
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from loader.assemble import RankMessage, rank_message, route
-from loader.clean import UnitMeta
 from loader.config import LoaderConfig
+from loader.errors import NodeLost, RankLost
 from loader.nodes import NodeLayout
 from loader.pipeline import EpochRun, PlannedStep, Resume
+from loader.protocol import End, Failed, Fetched, Lost, Opened, Readers, Reply, Step, Wait, Where
 from loader.sources import SourceIndex
 from loader.stats import Stats
 
 MESSAGE_BYTES = 4 << 20  # events per rank and message, once the ramp is done
 MAX_STEPS_PER_MESSAGE = 256
-WATCH_INTERVAL_S = 2.0  # how often the processes of the ranks in a run are checked
+PACK_ATTEMPTS = 3  # a pack whose rows were lost is retried from fresh reads this often
+WATCH_INTERVAL_S = 2.0  # how often the processes of the ranks in a run are checked (at most)
 
 
 @dataclass(frozen=True)
@@ -59,14 +64,6 @@ class RunKey:
 
     def __str__(self) -> str:
         return f"epoch {self.epoch} from step {self.step}"
-
-
-@dataclass(frozen=True)
-class Where:
-    """Where a rank runs: ``node`` (a Ray node id; None outside the cluster) and ``pid``."""
-
-    node: object = None
-    pid: int | None = None
 
 
 class _Run:
@@ -91,34 +88,25 @@ class _Run:
 class Service:
     """Serves per-rank messages of one loader; see the module docstring.
 
-    ``fetch(unit, node)`` reads one unit, preferably on ``node`` (a node key; None: anywhere):
-    awaitable (meta, handle to its rows, key of the node that holds them). ``pack(node, pieces,
-    handles)`` gathers on ``node`` each rank's rows ``pieces[rank] = (unit, row)`` from the units'
-    ``handles`` into one object per rank: awaitable {rank: handle}, or :class:`SourcesLost`.
-    ``renew(handles)`` ({unit: (handle, node key)}): awaitable {unit: (handle, node key)} for the
-    units whose rows were lost (read again; default: nothing is ever lost). ``alive(wheres)``:
-    awaitable list of bools, whether each rank's process still runs (None: not watched). At most
-    ``readahead`` units beyond the current block are read ahead.
+    ``readers`` read, pack and renew units and say whether the ranks' processes and nodes live
+    (:class:`loader.protocol.Readers`); ``watch``: check that they do (off when every rank runs in
+    this process). At most ``readahead`` units beyond the current block are read ahead.
     """
 
     def __init__(
         self,
         index: SourceIndex,
         config: LoaderConfig,
+        readers: Readers,
         *,
-        fetch: Callable[[int, object], Awaitable[tuple[UnitMeta, object, object]]],
-        pack: Callable[[object, dict, dict], Awaitable[dict]],
         readahead: int,
-        alive: Callable[[list[Where]], Awaitable[list[bool]]] | None = None,
-        renew: Callable[[dict], Awaitable[dict]] | None = None,
+        watch: bool = True,
         message_bytes: int = MESSAGE_BYTES,
     ) -> None:
         self.index = index
         self.config = config
-        self.fetch = fetch
-        self.pack = pack
-        self.alive = alive
-        self.renew = renew or _nothing_lost
+        self.readers = readers
+        self.watch = watch
         self.readahead = readahead
         self.message_bytes = message_bytes
         self.stats = Stats(config.ranks, index.skipped_files)
@@ -128,9 +116,9 @@ class Service:
         dtypes = index.roles[0]
         self.event_bytes = sum(np.dtype(t).itemsize for t in dtypes.values())  # per event, every column
 
-    async def open(self, ranks: list[int], key: RunKey, timeout: float, where: Where = Where()) -> tuple[str, object]:
-        """Join ``ranks`` (running at ``where``) to the run ``key``: ``("open", run_id)``, or
-        ``("wait", why)`` after ``timeout`` seconds while another run is still being iterated."""
+    async def open(self, ranks: list[int], key: RunKey, timeout: float, where: Where = Where()) -> Opened | Wait:
+        """Join ``ranks`` (running at ``where``) to the run ``key``: :class:`Opened`, or :class:`Wait`
+        after ``timeout`` seconds while another run is still being iterated."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
@@ -138,7 +126,7 @@ class Service:
             if run is None:
                 run = self.run = self._start(key)
             busy = set(ranks) & (run.joined - run.finished)
-            if busy and self.alive is not None:  # a restarted rank: its old process may be gone, unnoticed yet
+            if busy and self.watch:  # a restarted rank: its old process may be gone, unnoticed yet
                 await self._bury(run, sorted(busy))
                 busy -= run.finished
                 if self.run is not run:  # burying retired it
@@ -153,17 +141,17 @@ class Service:
                 run.where.update(dict.fromkeys(ranks, where))
                 if len(run.joined) == self.config.ranks:
                     run.all_joined.set()
-                return "open", run.id
+                return Opened(run.id)
             try:
                 await asyncio.wait_for(run.retired.wait(), max(0.0, deadline - loop.time()))
             except asyncio.TimeoutError:
-                return "wait", f"{key} waits until every rank has finished {run.key}: {self._describe(run)}"
+                return Wait(f"{key} waits until every rank has finished {run.key}: {self._describe(run)}")
 
     async def next(self, rank: int, run_id: int, step: int, timeout: float,
-                   taken: tuple[float, int] | None = None) -> tuple[str, object]:
+                   taken: tuple[float, int] | None = None) -> Reply:
         """The rank's message starting at step ``step`` (the step after the last one it received):
-        ``("step", RankMessage)``, ``("end", None)``, ``("error", exception)``, or ``("wait", why)``
-        after ``timeout`` seconds without one. Asking again for the message handed out last
+        :class:`Step`, :class:`End`, :class:`Failed`, or :class:`Wait` after ``timeout`` seconds
+        without one. Asking again for the message handed out last
         returns it again (its reply was lost); asking for a later step lets it go. ``taken``: the
         seconds the rank waited for its previous message and the bytes it mapped for it, counted
         in :attr:`stats` once however often the request is repeated."""
@@ -172,39 +160,41 @@ class Service:
             self.stats.taken(rank, *taken)
         run = self.run
         if run is None or run.id != run_id or rank in run.finished:
-            return "end", None
+            return End()
         run.asked[rank] = step
         held = run.held.pop(rank, None)
         if held is not None and held.first_step == step:
             run.held[rank] = held
-            return "step", held
+            return Step(held)
         try:
-            kind, value = await asyncio.wait_for(run.queues[rank].get(), timeout)
+            reply = await asyncio.wait_for(run.queues[rank].get(), timeout)
         except asyncio.TimeoutError:
-            return "wait", f"rank {rank} waits for step {step} of {run.key}: {self._describe(run)}"
-        if kind != "step":
+            return Wait(f"rank {rank} waits for step {step} of {run.key}: {self._describe(run)}")
+        if not isinstance(reply, Step):
             self._finish(run, rank)
-            return kind, value
+            return reply
         self.stats.queue_depth[rank] -= 1
-        if value.first_step != step:
-            raise RuntimeError(f"rank {rank} asked for step {step} of {run.key} but step {value.first_step} is next")
-        run.held[rank] = value
-        return kind, value
+        if reply.message.first_step != step:
+            raise RuntimeError(
+                f"rank {rank} asked for step {step} of {run.key} but step {reply.message.first_step} is next"
+            )
+        run.held[rank] = reply.message
+        return reply
 
-    async def repair(self, rank: int, run_id: int, step: int) -> tuple[str, object]:
+    async def repair(self, rank: int, run_id: int, step: int) -> Step | End:
         """The message the rank was handed last (starting at ``step``), with its sources renewed:
         a rank whose fetch found rows gone (their reader died) asks for this, and gets the same
-        rows from fresh reads. ``("step", RankMessage)``, or ``("end", None)`` if the run is gone."""
+        rows from fresh reads; :class:`End` if the run is gone."""
         run = self.run
         if run is None or run.id != run_id or rank in run.finished or run.sender is None:
-            return "end", None
+            return End()
         message = run.held.get(rank)
         if message is None or message.first_step != step:
             raise RuntimeError(f"rank {rank} asked to repair step {step}, but it holds no message starting there")
         units = np.unique(message.unit).tolist()
-        handles = {u: run.sender.handles.get(u, (None, None)) for u in units}
-        (repaired,) = await run.sender.complete([message], await run.sender.renew(handles))
-        return "step", repaired
+        held = {u: run.sender.handles.get(u) for u in units}
+        (repaired,) = await run.sender.complete([message], await run.sender.renew(held))
+        return Step(repaired)
 
     async def leave(self, ranks: list[int], run_id: int) -> None:
         """``ranks`` stop iterating run ``run_id`` early; their queued messages are dropped."""
@@ -228,7 +218,7 @@ class Service:
     def _start(self, key: RunKey) -> _Run:
         run = _Run(next(self._ids), key, self.config.ranks, self.config.prefetch_steps)
         run.tasks.append(asyncio.ensure_future(self._produce(run)))
-        if self.alive is not None:
+        if self.watch:
             run.tasks.append(asyncio.ensure_future(self._watch(run)))
         return run
 
@@ -237,7 +227,7 @@ class Service:
         run.held.pop(rank, None)
         queue = run.queues[rank]
         if queue.empty():  # a next() may wait on it: wake it
-            queue.put_nowait(("end", None))
+            queue.put_nowait(End())
         else:  # no next() waits on a non-empty queue, but the producer may: free it (an "end"
             self._drop_queued(run, rank)  # put here would block it again at prefetch_steps=1)
         if len(run.finished) == self.config.ranks:
@@ -252,7 +242,7 @@ class Service:
         for rank in range(self.config.ranks):
             if rank not in run.finished:
                 self._drop_queued(run, rank)
-                run.queues[rank].put_nowait(("error", error))
+                run.queues[rank].put_nowait(Failed(error))
 
     def _drop_queued(self, run: _Run, rank: int) -> None:
         queue = run.queues[rank]
@@ -291,10 +281,10 @@ class Service:
             for block in blocks:
                 need = len(epoch_run.units(block))
                 for unit, home in itertools.islice(sequence, max(0, need + self.readahead - len(inflight))):
-                    inflight.append(asyncio.ensure_future(self.fetch(unit, home_keys.get(home))))
+                    inflight.append(asyncio.ensure_future(self.readers.fetch(unit, home_keys.get(home))))
                 reads = [await inflight.popleft() for _ in range(need)]
                 sender.hold(epoch_run.units(block), reads)
-                planned = epoch_run.feed(block, [meta for meta, _, _ in reads])
+                planned = epoch_run.feed(block, [read.meta for read in reads])
                 # planned in a worker thread, a few steps at a time (1, 2, 4, ... per run): the first
                 # step goes out as soon as it is planned, not after the whole block
                 while chunk := await asyncio.to_thread(lambda: list(itertools.islice(planned, chunk_steps))):
@@ -327,42 +317,48 @@ class Service:
                 for rank, message in enumerate(messages):
                     if rank not in run.finished:
                         run.blocked_on = rank
-                        await run.queues[rank].put(("step", message))
+                        await run.queues[rank].put(Step(message))
                         if rank not in run.finished:  # (a rank finishing meanwhile dropped its queue)
                             self.stats.queue_depth[rank] += 1
                 run.blocked_on = None
             for rank in range(self.config.ranks):
                 if rank not in run.finished:
-                    await run.queues[rank].put(("end", None))
+                    await run.queues[rank].put(End())
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             self._fail(run, exc)
 
     async def _watch(self, run: _Run) -> None:
-        """End the run with a named error when a rank's process is gone; keep watching the others,
-        so the run retires once every rank has died or left (a restarted group's run then starts)."""
+        """End the run with a named error when a rank's process or node is gone; keep watching the
+        others, so the run retires once every rank has died or left (a restarted group's run then starts)."""
+        interval = min(WATCH_INTERVAL_S, self.config.liveness_timeout / 5)
         while True:
-            await asyncio.sleep(WATCH_INTERVAL_S)
+            await asyncio.sleep(interval)
             await self._bury(run, sorted(run.joined - run.finished))
 
     async def _bury(self, run: _Run, ranks: list[int]) -> None:
-        """Finish those of ``ranks`` whose process is gone; the first such death fails the run for the others."""
+        """Finish those of ``ranks`` whose process or node is gone; the first such loss fails the run
+        for the others, with :class:`RankLost` or :class:`NodeLost`."""
         watched = [r for r in ranks if run.where[r].pid is not None]
         if not watched:
             return
-        alive = await self.alive([run.where[r] for r in watched])
-        dead = [rank for rank, ok in zip(watched, alive) if not ok and rank not in run.finished]
-        if not dead:
+        health = await self.readers.alive([run.where[r] for r in watched])
+        dead = [rank for i, rank in enumerate(watched) if i in health.dead]
+        lost = {node: [r for r in watched if run.where[r].node == node] for node in health.lost}
+        gone = [r for r in dict.fromkeys([*dead, *(r for ranks in lost.values() for r in ranks)]) if r not in run.finished]
+        if not gone:
             return
         if not run.failed:
-            rank = dead[0]
+            rank = gone[0]
             step = run.asked.get(rank, run.key.step)
-            self._fail(run, RuntimeError(
-                f"rank {rank}'s process died at step {step} of {run.key}; restart the job and load "
-                "the last state (loader.load_state_dict)"
-            ))
-        for r in dead:
+            if rank in dead:
+                error: Exception = RankLost(rank, step, str(run.key))
+            else:
+                node = run.where[rank].node
+                error = NodeLost(node, lost[node], health.lost[node], step, str(run.key))
+            self._fail(run, error)
+        for r in gone:
             self._finish(run, r)
 
     def _describe(self, run: _Run) -> str:
@@ -401,10 +397,6 @@ def _check_window(epoch_run: EpochRun) -> None:
         )
 
 
-async def _nothing_lost(handles: dict) -> dict:
-    return {}
-
-
 def _home_keys(layout: NodeLayout | None, rank_keys: list) -> dict[int, object]:
     """Node key of each layout node (the node of its lowest rank), where readers should read."""
     if layout is None:
@@ -413,10 +405,6 @@ def _home_keys(layout: NodeLayout | None, rank_keys: list) -> dict[int, object]:
     for rank, node in enumerate(layout.rank_node.tolist()):
         keys.setdefault(node, rank_keys[rank])
     return keys
-
-
-class SourcesLost(Exception):
-    """A pack found some of its units' rows gone (the reader holding them died): renew and retry."""
 
 
 class _Sender:
@@ -428,14 +416,13 @@ class _Sender:
         self.epoch_run = epoch_run
         self.deliveries = deliveries
         self.rank_keys = rank_keys
-        self.handles: dict[int, tuple[object, object]] = {}  # unit -> (handle, node key)
+        self.handles: dict[int, Fetched] = {}  # unit -> its rows' handle and node
         self.group: list[PlannedStep] = []
         self.group_bytes = 0
         self.size = 1  # steps in the next message: 1, then doubling, until message_bytes
 
-    def hold(self, units: list[int], reads: list[tuple]) -> None:
-        for unit, (_, handle, node) in zip(units, reads):
-            self.handles[unit] = (handle, node)
+    def hold(self, units: list[int], reads: list[Fetched]) -> None:
+        self.handles.update(zip(units, reads))
 
     async def add(self, steps: list[PlannedStep], *, last: bool = False) -> None:
         service = self.service
@@ -466,31 +453,32 @@ class _Sender:
             messages.append(rank_message(group, rank, self.service.config.microbatches, self.service.index.roles))
         await self.deliveries.put((group, asyncio.ensure_future(self.complete(messages, handles))))
 
-    async def complete(self, messages: list[RankMessage], handles: dict) -> list[RankMessage]:
+    async def complete(self, messages: list[RankMessage], handles: dict[int, Fetched]) -> list[RankMessage]:
         """Route every message's rows from the current holders and pack the pieces; when a
         holder died meanwhile, renew the handles (re-reading what was lost) and try again."""
-        for attempt in range(3):
-            try:
-                return await self._route(messages, handles)
-            except SourcesLost:
-                if attempt == 2:
-                    raise
-                handles = await self.renew(handles)
-        raise AssertionError("unreachable")
+        for _ in range(PACK_ATTEMPTS):
+            done = await self._route(messages, handles)
+            if not isinstance(done, Lost):
+                return done
+            handles = await self.renew(handles)
+        raise RuntimeError(
+            f"packing steps {messages[0].first_step}-{messages[0].last_step}: their rows were lost "
+            f"{PACK_ATTEMPTS} times ({done.why}); check the readers' logs (memory, node failures)"
+        )
 
-    async def renew(self, handles: dict) -> dict:
-        """``handles`` with the lost ones replaced by fresh reads; the sender keeps the fresh ones too."""
-        fresh = await self.service.renew(handles)
-        for unit, held in fresh.items():
+    async def renew(self, held: dict[int, Fetched | None]) -> dict[int, Fetched]:
+        """``held`` with the lost ones replaced by fresh reads; the sender keeps the fresh ones too."""
+        fresh = await self.service.readers.renew(held)
+        for unit, read in fresh.items():
             if unit in self.handles:
-                self.handles[unit] = held
-        return {**handles, **fresh}
+                self.handles[unit] = read
+        return {**held, **fresh}
 
-    async def _route(self, messages: list[RankMessage], handles: dict) -> list[RankMessage]:
+    async def _route(self, messages: list[RankMessage], handles: dict[int, Fetched]) -> list[RankMessage] | Lost:
         nodes: dict[object, int] = {}  # node key -> number
         holder = np.full(len(self.service.index.units), -1, dtype=np.int64)
-        for unit, (_, node) in handles.items():
-            holder[unit] = nodes.setdefault(node, len(nodes))
+        for unit, read in handles.items():
+            holder[unit] = nodes.setdefault(read.node, len(nodes))
         keys = {number: key for key, number in nodes.items()}
         pieces: dict[int, dict[int, tuple]] = {}
         routes = []
@@ -501,8 +489,8 @@ class _Sender:
                 pieces.setdefault(node, {})[message.rank] = piece
             routes.append(way)
         packs = {
-            node: asyncio.ensure_future(self.service.pack(
-                keys[node], wanted, {u: handles[u][0] for u in _units_of(wanted)}))
+            node: asyncio.ensure_future(self.service.readers.pack(
+                keys[node], wanted, {u: handles[u].handle for u in _units_of(wanted)}))
             for node, wanted in pieces.items()
         }  # fmt: skip
         try:
@@ -510,9 +498,12 @@ class _Sender:
         finally:
             for future in packs.values():
                 future.cancel()
+        for packed in done.values():
+            if isinstance(packed, Lost):
+                return packed
         for message, way in zip(messages, routes):
-            message.take(way, [handles[u][0] for u in way.units.tolist()],
-                         [done[node][message.rank] for node in way.nodes.tolist()])
+            message.take(way, [handles[u].handle for u in way.units.tolist()],
+                         [done[node].pieces[message.rank] for node in way.nodes.tolist()])
         return messages
 
 
