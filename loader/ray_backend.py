@@ -579,10 +579,10 @@ class RayStream:
                 # a copy: the control plane keeps the message it handed out, with its handles
                 refs = [held.ref for held in message.sources]
                 return dataclasses.replace(message, sources=ray.get(refs, timeout=self.liveness))
-            except GetTimeoutError:
-                ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
-                nodes = sorted({held.node for held, ref in zip(message.sources, refs) if ref not in ready})
-                raise NodeLost(", ".join(map(str, nodes)), [], f"rank {rank} could not fetch the rows of step "
+            except GetTimeoutError:  # the rows of other nodes did not come (this node's are in place)
+                here = self.client.where.node
+                nodes = sorted({held.node for held in message.sources if held.node != here}) or [here]
+                raise NodeLost(", ".join(nodes), [], f"rank {rank} could not fetch the rows of step "
                                f"{message.first_step} held there within liveness_timeout={self.liveness:g} s",
                                ) from None
             except ObjectLostError:
