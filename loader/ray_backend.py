@@ -33,6 +33,7 @@ the others' use of them (Ray kills a non-detached actor with its owner's job).
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import concurrent.futures
 import dataclasses
@@ -317,50 +318,67 @@ class Control:
 Coordinator = ray.remote(num_cpus=0, max_restarts=0)(Control)  # a named loader's control plane
 
 
-class ActorControl:
-    """Calls into the :data:`Coordinator` actor; each returns an ObjectRef (see :meth:`RayClient.get`)."""
+class ControlCalls(abc.ABC):
+    """The calls a trainer process makes on its control plane, each returning a pending reply (see
+    :meth:`RayClient.get`): ``handle`` is the :data:`Coordinator` actor (:class:`ActorControl`) or a
+    :class:`Control` on this process's event loop (:class:`LocalControl`); ``submit`` sends one call."""
+
+    handle: object
+
+    @abc.abstractmethod
+    def submit(self, method, *args):
+        """Send ``method(*args)`` to the control plane; its pending reply."""
+
+    def attach(self, fingerprint: tuple, name: str, where: Where):
+        return self.submit(self.handle.attach, fingerprint, name, where)
+
+    def set_readers(self, readers: list, nodes: list[str]):
+        return self.submit(self.handle.set_readers, readers, nodes)
+
+    def open(self, ranks: list[int], key: RunKey, timeout: float, where: Where):
+        return self.submit(self.handle.open, ranks, key, timeout, where)
+
+    def next(self, rank: int, run_id: int, step: int, timeout: float, taken: tuple[float, int]):
+        return self.submit(self.handle.next, rank, run_id, step, timeout, taken)
+
+    def repair(self, rank: int, run_id: int, step: int):
+        return self.submit(self.handle.repair, rank, run_id, step)
+
+    def leave(self, ranks: list[int], run_id: int):
+        return self.submit(self.handle.leave, ranks, run_id)
+
+    def stats(self):
+        return self.submit(self.handle.stats)
+
+    def reader_handles(self):
+        return self.submit(self.handle.reader_handles)
+
+    def reader_nodes(self):
+        return self.submit(self.handle.reader_nodes)
+
+    def detach(self, where: Where):
+        return self.submit(self.handle.detach, where)
+
+    def release(self):
+        return self.submit(self.handle.release)
+
+    def close(self):
+        return self.submit(self.handle.close)
+
+
+class ActorControl(ControlCalls):
+    """Calls into the :data:`Coordinator` actor: each returns an ObjectRef."""
 
     def __init__(self, handle) -> None:
         self.handle = handle
 
-    def attach(self, fingerprint: tuple, name: str, where: Where):
-        return self.handle.attach.remote(fingerprint, name, where)
-
-    def set_readers(self, readers: list, nodes: list[str]):
-        return self.handle.set_readers.remote(readers, nodes)
-
-    def open(self, ranks: list[int], key: RunKey, timeout: float, where: Where):
-        return self.handle.open.remote(ranks, key, timeout, where)
-
-    def next(self, rank: int, run_id: int, step: int, timeout: float, taken: tuple[float, int]):
-        return self.handle.next.remote(rank, run_id, step, timeout, taken)
-
-    def repair(self, rank: int, run_id: int, step: int):
-        return self.handle.repair.remote(rank, run_id, step)
-
-    def leave(self, ranks: list[int], run_id: int):
-        return self.handle.leave.remote(ranks, run_id)
-
-    def stats(self):
-        return self.handle.stats.remote()
-
-    def reader_handles(self):
-        return self.handle.reader_handles.remote()
-
-    def reader_nodes(self):
-        return self.handle.reader_nodes.remote()
-
-    def detach(self, where: Where):
-        return self.handle.detach.remote(where)
-
-    def release(self):
-        return self.handle.release.remote()
+    def submit(self, method, *args) -> ray.ObjectRef:
+        return method.remote(*args)
 
 
-class LocalControl(ActorControl):
-    """A :class:`Control` on this process's control-plane event loop: the same calls as
-    :class:`ActorControl`, each returning a future. Messages are handed over as they are, nothing is
-    serialised."""
+class LocalControl(ControlCalls):
+    """A :class:`Control` on this process's control-plane event loop: each call returns a future.
+    Messages are handed over as they are, nothing is serialised."""
 
     _loop: asyncio.AbstractEventLoop | None = None
     _lock = threading.Lock()
@@ -371,11 +389,10 @@ class LocalControl(ActorControl):
         async def make() -> Control:
             return Control(index, config, fingerprint, watch=False)
 
-        control = asyncio.run_coroutine_threadsafe(make(), self.loop).result()
-        super().__init__(_OnLoop(control, self.loop))
+        self.handle = asyncio.run_coroutine_threadsafe(make(), self.loop).result()
 
-    def close(self) -> concurrent.futures.Future:
-        return self.handle.close.remote()
+    def submit(self, method, *args) -> concurrent.futures.Future:
+        return asyncio.run_coroutine_threadsafe(method(*args), self.loop)
 
     @classmethod
     def _shared_loop(cls) -> asyncio.AbstractEventLoop:
@@ -386,26 +403,6 @@ class LocalControl(ActorControl):
                 threading.Thread(target=loop.run_forever, name="freescale-control", daemon=True).start()
                 cls._loop = loop
             return cls._loop
-
-
-class _OnLoop:
-    """A :class:`Control` seen as an actor handle: ``control.method.remote(*args)`` runs the
-    coroutine on ``loop`` and returns its future, so :class:`ActorControl`'s calls serve both."""
-
-    def __init__(self, control: Control, loop: asyncio.AbstractEventLoop) -> None:
-        self.control, self.loop = control, loop
-
-    def __getattr__(self, method: str) -> _Method:
-        return _Method(getattr(self.control, method), self.loop)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Method:
-    call: object
-    loop: asyncio.AbstractEventLoop
-
-    def remote(self, *args) -> concurrent.futures.Future:
-        return asyncio.run_coroutine_threadsafe(self.call(*args), self.loop)
 
 
 def connect(address: str | None, *, name: str | None = None) -> None:

@@ -246,3 +246,32 @@ def test_a_shuffle_window_narrower_than_the_nodes_is_named(index, nodes, warned)
     assert bool(named) == warned, [str(w.message) for w in caught]
     if warned:
         assert f"pass shuffle_window >= {nodes * 15}" in str(named[0].message)
+
+
+def test_a_lost_node_fails_the_run_for_every_other_rank_naming_it(index, monkeypatch):
+    monkeypatch.setattr("loader.service.WATCH_INTERVAL_S", 0.05)
+
+    class Cut(_Readers):
+        lost: dict = {}
+
+        async def alive(self, wheres):
+            return Health(lost=dict(self.lost))
+
+    readers = Cut(index)
+
+    async def main():
+        service, _ = _service(index, readers=readers)
+        run_id = await _open(service, [0], RunKey(0), where=Where("node-a", pid=10))
+        await _open(service, [1], RunKey(0), where=Where("node-b", pid=11))
+        assert isinstance(await _take(service, 0, run_id), Step)
+        readers.lost = {"node-b": "its readers have not answered for 10 s"}
+        await asyncio.sleep(0.3)
+        reply = await _take(service, 0, run_id)
+        assert isinstance(reply, Failed) and isinstance(reply.error, NodeLost)
+        assert reply.error.node == "node-b" and reply.error.ranks == [1]
+        # rank 1 never asked for a step: lost at its run's first
+        assert str(reply.error).startswith("node node-b (trainer rank(s) [1]) was lost at step 0 of epoch 0 from "
+                                           "step 0: its readers have not answered for 10 s; restart the group")
+        assert service.run is None  # rank 1 was finished when its node was lost, rank 0 by taking its error
+
+    asyncio.run(main())
