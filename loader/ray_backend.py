@@ -33,14 +33,12 @@ the others' use of them (Ray kills a non-detached actor with its owner's job).
 
 from __future__ import annotations
 
-import abc
 import asyncio
 import concurrent.futures
 import dataclasses
 import os
 import threading
 import time
-import warnings
 
 import ray
 from ray.exceptions import (ActorUnavailableError, GetTimeoutError, ObjectLostError, RayActorError, RayTaskError,
@@ -52,16 +50,16 @@ from loader.config import LoaderConfig
 from loader.errors import CoordinatorLost, NodeLost, ReadersLost
 from loader.metrics import PUBLISH_S, Publisher, loader_tag
 from loader.pipeline import Resume, warm_up
-from loader.protocol import End, Failed, Fetched, Health, Lost, Opened, Packed, Reply, Step, Wait, Where
+from loader.protocol import End, Fetched, Health, Lost, Opened, Packed, Reply, Step, Wait, Where
 from loader.reader import Held, give_back, take_readers
 from loader.service import RunKey, Service
 from loader.sources import SourceIndex
+from loader.stream import POLL_S, ControlCalls, LoopCalls, Stream, control_loop
 
 NAMESPACE = "freescale"
 READ_ATTEMPTS = 10  # per unit, over restarts and other readers
-_POLL_S = 5.0  # a blocking call returns Wait after this long (at most), so the caller can warn
+_POLL_S = POLL_S  # a blocking call returns Wait after this long (at most), so the caller can warn
 ASK_ATTEMPTS = 10  # per step: a call that failed in transit is asked again (the coordinator resends)
-_WARN_AFTER_S = 30.0
 _LOST = (RayActorError, ObjectLostError, WorkerCrashedError)
 
 
@@ -318,37 +316,14 @@ class Control:
 Coordinator = ray.remote(num_cpus=0, max_restarts=0)(Control)  # a named loader's control plane
 
 
-class ControlCalls(abc.ABC):
-    """The calls a trainer process makes on its control plane, each returning a pending reply (see
-    :meth:`RayClient.get`): ``handle`` is the :data:`Coordinator` actor (:class:`ActorControl`) or a
-    :class:`Control` on this process's event loop (:class:`LocalControl`); ``submit`` sends one call."""
-
-    handle: object
-
-    @abc.abstractmethod
-    def submit(self, method, *args):
-        """Send ``method(*args)`` to the control plane; its pending reply."""
+class RayCalls(ControlCalls):
+    """:class:`loader.stream.ControlCalls`, and the calls of a Ray control plane's lifetime."""
 
     def attach(self, fingerprint: tuple, name: str, where: Where):
         return self.submit(self.handle.attach, fingerprint, name, where)
 
     def set_readers(self, readers: list, nodes: list[str]):
         return self.submit(self.handle.set_readers, readers, nodes)
-
-    def open(self, ranks: list[int], key: RunKey, timeout: float, where: Where):
-        return self.submit(self.handle.open, ranks, key, timeout, where)
-
-    def next(self, rank: int, run_id: int, step: int, timeout: float, taken: tuple[float, int]):
-        return self.submit(self.handle.next, rank, run_id, step, timeout, taken)
-
-    def repair(self, rank: int, run_id: int, step: int):
-        return self.submit(self.handle.repair, rank, run_id, step)
-
-    def leave(self, ranks: list[int], run_id: int):
-        return self.submit(self.handle.leave, ranks, run_id)
-
-    def stats(self):
-        return self.submit(self.handle.stats)
 
     def reader_handles(self):
         return self.submit(self.handle.reader_handles)
@@ -362,11 +337,8 @@ class ControlCalls(abc.ABC):
     def release(self):
         return self.submit(self.handle.release)
 
-    def close(self):
-        return self.submit(self.handle.close)
 
-
-class ActorControl(ControlCalls):
+class ActorControl(RayCalls):
     """Calls into the :data:`Coordinator` actor: each returns an ObjectRef."""
 
     def __init__(self, handle) -> None:
@@ -376,33 +348,15 @@ class ActorControl(ControlCalls):
         return method.remote(*args)
 
 
-class LocalControl(ControlCalls):
-    """A :class:`Control` on this process's control-plane event loop: each call returns a future.
-    Messages are handed over as they are, nothing is serialised."""
-
-    _loop: asyncio.AbstractEventLoop | None = None
-    _lock = threading.Lock()
+class LocalControl(LoopCalls, RayCalls):
+    """A :class:`Control` on this process's control-plane event loop (:func:`loader.stream.control_loop`):
+    each call returns a future."""
 
     def __init__(self, index: SourceIndex, config: LoaderConfig, fingerprint: tuple) -> None:
-        self.loop = self._shared_loop()
-
         async def make() -> Control:
             return Control(index, config, fingerprint, watch=False)
 
-        self.handle = asyncio.run_coroutine_threadsafe(make(), self.loop).result()
-
-    def submit(self, method, *args) -> concurrent.futures.Future:
-        return asyncio.run_coroutine_threadsafe(method(*args), self.loop)
-
-    @classmethod
-    def _shared_loop(cls) -> asyncio.AbstractEventLoop:
-        """One daemon thread per process runs every local control plane's event loop."""
-        with cls._lock:
-            if cls._loop is None:
-                loop = asyncio.new_event_loop()
-                threading.Thread(target=loop.run_forever, name="freescale-control", daemon=True).start()
-                cls._loop = loop
-            return cls._loop
+        super().__init__(asyncio.run_coroutine_threadsafe(make(), control_loop()).result())
 
 
 def connect(address: str | None, *, name: str | None = None) -> None:
@@ -512,70 +466,46 @@ class RayClient:
             _wait_name_released(coordinator_name(self.config.name))  # before a new loader may reuse it
 
 
-class RayStream:
-    """Messages of one run for ``ranks``, one request per rank kept in flight ahead of the consumer.
+class RayStream(Stream):
+    """A :class:`loader.stream.Stream` over a Ray control plane: every wait bounded, Ray's errors named.
 
-    Each request names the step it wants, so a call that failed in transit (Ray cannot tell
-    whether it ran) is simply asked again. Ranks that did not reach the end leave the run on
-    :meth:`close`, however the iteration stopped: a rank that failed must not hold the others.
     The coordinator answers every request within a poll interval (a :class:`Wait` when it has
-    nothing yet), so a reply missing for the liveness timeout means the coordinator is lost.
+    nothing yet), so a reply missing for the liveness timeout means the coordinator is lost. A
+    message's rows are mapped before the next is asked for (zero-copy on this node; pieces packed
+    for it on other nodes cross the network once): asked for first, a rank's fetch could wait
+    forever on an object its owner had already let go.
     """
 
     def __init__(self, client: RayClient, ranks: tuple[int, ...], key: RunKey) -> None:
         self.client = client
-        self.control = client.control
         self.liveness = client.config.liveness_timeout
-        self.poll = min(_POLL_S, self.liveness / 4)
-        self.ranks = ranks
-        self.want = dict.fromkeys(ranks, key.step)  # rank -> the step it asks for next
-        # rank -> (seconds it waited for its last message, bytes it mapped for it), told with its next request
-        self.taken = dict.fromkeys(ranks, (0.0, 0))
-        since, warned = time.monotonic(), False
-        while isinstance(reply := self.client.get(
-                self.control.open(list(ranks), key, self.poll, client.where), ranks[0], self.poll + self.liveness),
-                Wait):
-            warned = _warn_once(reply.why, since, warned)
-        self.run_id = reply.run
-        self.members = set(ranks)  # ranks still in the run: leave it on close
-        self.ahead = {rank: self._request(rank) for rank in ranks}
+        super().__init__(client.control, ranks, key, client.where, poll=min(_POLL_S, self.liveness / 4))
 
-    def next_message(self) -> dict[int, RankMessage] | None:
-        """Every rank's next message, or None at the end of the run."""
-        messages = {}
-        since, warned = time.monotonic(), False
-        for rank in self.ranks:
-            if rank not in self.members:
-                continue
-            asked = time.monotonic()
-            while isinstance(reply := self._take(rank), Wait):
-                warned = _warn_once(reply.why, since, warned)
+    def get(self, pending, rank: int) -> Reply:
+        return self.client.get(pending, rank, self.poll + self.liveness)
+
+    def take(self, rank: int) -> Reply:
+        """The reply to the rank's request in flight; asked again while the call fails in transit."""
+        attempt = 0
+        while True:
+            try:
+                return super().take(rank)
+            except ActorUnavailableError:
+                attempt += 1
+                if attempt == ASK_ATTEMPTS:
+                    raise CoordinatorLost(self.client.config.name, self.client.node, rank,
+                                          f"{ASK_ATTEMPTS} calls in a row failed in transit") from None
+                time.sleep(min(0.1 * 2**attempt, 2.0))
                 self.ahead[rank] = self._request(rank)
-            if not isinstance(reply, Step):  # the coordinator has finished the rank
-                self.members.discard(rank)
-                if isinstance(reply, Failed):
-                    raise reply.error
-                continue
-            # Map the rows it reads (zero-copy on this node; pieces packed for it on other nodes cross
-            # the network once) before asking for the next message: until then the coordinator holds
-            # this one, so the owner of these objects keeps its own reference while this process
-            # borrows them. Asked for first, a rank's fetch could wait forever on an object its owner
-            # had already let go (a rank "stopped taking its queued steps").
-            message = self._fetch_sources(rank, reply.message)
-            self.taken[rank] = (time.monotonic() - asked, sum(rows.nbytes for rows in message.sources))
-            self.want[rank] = message.last_step + 1
-            self.ahead[rank] = self._request(rank)
-            messages[rank] = message
-        return messages or None
 
-    def _fetch_sources(self, rank: int, message: RankMessage) -> RankMessage:
+    def fetch(self, rank: int, message: RankMessage) -> tuple[RankMessage, int]:
         """Map the message's sources; rows lost with a dead reader are read again (``repair``); rows
         on a node that stays silent for the liveness timeout end the rank with :class:`NodeLost`."""
         for attempt in range(READ_ATTEMPTS):
             try:
                 # a copy: the control plane keeps the message it handed out, with its handles
-                refs = [held.ref for held in message.sources]
-                return dataclasses.replace(message, sources=ray.get(refs, timeout=self.liveness))
+                rows = ray.get([held.ref for held in message.sources], timeout=self.liveness)
+                return dataclasses.replace(message, sources=rows), sum(r.nbytes for r in rows)
             except GetTimeoutError:  # the rows of other nodes did not come (this node's are in place)
                 here = self.client.where.node
                 nodes = sorted({held.node for held in message.sources if held.node != here}) or [here]
@@ -586,37 +516,17 @@ class RayStream:
                 if attempt == READ_ATTEMPTS - 1:
                     raise ReadersLost(f"rank {rank}'s rows of step {message.first_step}", READ_ATTEMPTS,
                                       "their reader died each time they were read again") from None
-                reply = self.client.get(self.control.repair(rank, self.run_id, message.first_step), rank)
+                reply = self.get(self.calls.repair(rank, self.run_id, message.first_step), rank)
                 if not isinstance(reply, Step):
                     raise RuntimeError(f"rank {rank}: step {message.first_step} was lost and its run has ended")
                 message = reply.message
         raise AssertionError("unreachable")
 
     def close(self) -> None:
-        if self.members:  # ranks that did not reach the end leave the run (the reply is not awaited)
-            try:
-                self.control.leave(sorted(self.members), self.run_id)
-            except RayActorError:  # the coordinator is gone: no run to leave
-                pass
-            self.members = set()
-        self.ahead = {}
-
-    def _request(self, rank: int):
-        return self.control.next(rank, self.run_id, self.want[rank], self.poll, self.taken[rank])
-
-    def _take(self, rank: int) -> Reply:
-        """The reply to the rank's request in flight; asked again while the call fails in transit."""
-        attempt = 0
-        while True:
-            try:
-                return self.client.get(self.ahead.pop(rank), rank, self.poll + self.liveness)
-            except ActorUnavailableError:
-                attempt += 1
-                if attempt == ASK_ATTEMPTS:
-                    raise CoordinatorLost(self.client.config.name, self.client.node, rank,
-                                          f"{ASK_ATTEMPTS} calls in a row failed in transit") from None
-                time.sleep(min(0.1 * 2**attempt, 2.0))
-                self.ahead[rank] = self._request(rank)
+        try:
+            super().close()
+        except RayActorError:  # the coordinator is gone: no run to leave
+            self.members, self.ahead = set(), {}
 
 
 def _exists(options: dict) -> bool:
@@ -636,15 +546,6 @@ def _wait_name_released(name: str, timeout: float = 10.0) -> None:
         except ValueError:  # no actor of that name any more
             return
         time.sleep(0.05)
-
-
-def _warn_once(why: str, since: float, warned: bool) -> bool:
-    """Warn (once per blocked call) when a call has waited long: usually a rank nobody iterates."""
-    waited = time.monotonic() - since
-    if waited >= _WARN_AFTER_S and not warned:
-        warnings.warn(f"loader has waited {waited:.0f} s: {why}", RuntimeWarning, stacklevel=4)
-        return True
-    return warned
 
 
 def _get(ref, timeout: float):

@@ -91,6 +91,13 @@ class Service:
     ``readers`` read, pack and renew units and say whether the ranks' processes and nodes live
     (:class:`loader.protocol.Readers`); ``watch``: check that they do (off when every rank runs in
     this process). At most ``readahead`` units beyond the current block are read ahead.
+
+    ``here``: every rank runs in this process, at ``here`` (the inline backend). A run then plans as
+    soon as a rank opens it (the layout is known), and a rank that has not opened it is left out of
+    it (its queue dropped) once it holds the others back: when a rank that iterates finds its queue
+    empty while the producer waits on the absent rank's full queue, or when every rank that iterates
+    has finished. Ranks iterated at the same time share one pass over the epoch; a rank iterated
+    later (or never, as in one process per rank) gets a pass of its own.
     """
 
     def __init__(
@@ -101,12 +108,14 @@ class Service:
         *,
         readahead: int,
         watch: bool = True,
+        here: Where | None = None,
         message_bytes: int = MESSAGE_BYTES,
     ) -> None:
         self.index = index
         self.config = config
         self.readers = readers
         self.watch = watch
+        self.here = here
         self.readahead = readahead
         self.message_bytes = message_bytes
         self.stats = Stats(config.ranks, index.skipped_files)
@@ -166,6 +175,9 @@ class Service:
         if held is not None and held.first_step == step:
             run.held[rank] = held
             return Step(held)
+        blocked = run.blocked_on
+        if self.here is not None and run.queues[rank].empty() and blocked is not None and blocked not in run.joined:
+            self._leave_out_absent(run)  # the producer waits on a rank nobody iterates
         try:
             reply = await asyncio.wait_for(run.queues[rank].get(), timeout)
         except asyncio.TimeoutError:
@@ -217,19 +229,26 @@ class Service:
 
     def _start(self, key: RunKey) -> _Run:
         run = _Run(next(self._ids), key, self.config.ranks, self.config.prefetch_steps)
+        if self.here is not None:
+            run.where = dict.fromkeys(range(self.config.ranks), self.here)
+            run.all_joined.set()
         run.tasks.append(asyncio.ensure_future(self._produce(run)))
         if self.watch:
             run.tasks.append(asyncio.ensure_future(self._watch(run)))
         return run
 
     def _finish(self, run: _Run, rank: int) -> None:
-        run.finished.add(rank)
-        run.held.pop(rank, None)
-        queue = run.queues[rank]
-        if queue.empty():  # a next() may wait on it: wake it
-            queue.put_nowait(End())
-        else:  # no next() waits on a non-empty queue, but the producer may: free it (an "end"
-            self._drop_queued(run, rank)  # put here would block it again at prefetch_steps=1)
+        done = [rank]
+        if self.here is not None and run.joined <= run.finished | {rank}:  # every rank that iterates has
+            done += [r for r in range(self.config.ranks) if r not in run.finished | {rank}]  # finished: the absent too
+        for rank in done:
+            run.finished.add(rank)
+            run.held.pop(rank, None)
+            queue = run.queues[rank]
+            if queue.empty():  # a next() may wait on it: wake it
+                queue.put_nowait(End())
+            else:  # no next() waits on a non-empty queue, but the producer may: free it (an "end"
+                self._drop_queued(run, rank)  # put here would block it again at prefetch_steps=1)
         if len(run.finished) == self.config.ranks:
             for task in run.tasks:
                 task.cancel()
@@ -323,11 +342,19 @@ class Service:
                 run.blocked_on = None
             for rank in range(self.config.ranks):
                 if rank not in run.finished:
+                    run.blocked_on = rank
                     await run.queues[rank].put(End())
+            run.blocked_on = None
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             self._fail(run, exc)
+
+    def _leave_out_absent(self, run: _Run) -> None:
+        """With every rank in this process: finish the ranks that have not opened the run (see the class)."""
+        for rank in range(self.config.ranks):
+            if rank not in run.joined and rank not in run.finished:
+                self._finish(run, rank)
 
     async def _watch(self, run: _Run) -> None:
         """End the run with a named error when a rank's process or node is gone; keep watching the
