@@ -59,6 +59,7 @@ from loader.stream import POLL_S, ControlCalls, LoopCalls, Stream, control_loop
 NAMESPACE = "freescale"
 READ_ATTEMPTS = 10  # per unit, over restarts and other readers
 _POLL_S = POLL_S  # a blocking call returns Wait after this long (at most), so the caller can warn
+STARTUP_S = 120.0  # a coordinator that has not answered its first call this long (not placed, not started) is lost
 ASK_ATTEMPTS = 10  # per step: a call that failed in transit is asked again (the coordinator resends)
 _LOST = (RayActorError, ObjectLostError, WorkerCrashedError)
 
@@ -413,7 +414,9 @@ class RayClient:
         # it: both take a process start and their imports, and the first batch waits for both.
         readers = take_readers(count) if not _exists(options) else None
         self.control = ActorControl(Coordinator.options(**options).remote(index, config, shape))
-        first, self.node = self.get(self.control.attach(shape, config.name, self.where))
+        # the first call waits for the coordinator to start (a process and its imports), not for a lost one
+        first, self.node = self.get(self.control.attach(shape, config.name, self.where),
+                                    timeout=max(STARTUP_S, config.liveness_timeout))
         if first:
             self.control.set_readers(*(readers or take_readers(count)))
         elif readers is not None:  # another process created it first: its readers serve
