@@ -1,11 +1,11 @@
-"""The coordinator's own cost at scale: ``loader.service.Service`` serving 256 ranks on 32 nodes, no Ray.
+"""The coordinator's own cost at scale: ``loader.control.service.Service`` serving 256 ranks on 32 nodes, no Ray.
 
 docs/loader.md ("Scale projection: 32 nodes x 8 ranks") estimated what the control plane costs per step and per
 rank-message at R = 256; this bench measures it. It drives the real ``Service`` (the same object the Ray
 coordinator actor and the in-process ``LocalControl`` wrap) in one asyncio event loop, with stand-ins for
 what Ray does around it:
 
-Its readers (``loader.protocol.Readers``):
+Its readers (``loader.control.protocol.Readers``):
 
 - ``fetch(unit, node)`` returns at once the unit's ``UnitMeta`` (every row valid, lengths drawn before the
   timed run, as a reader would have decoded them), a small handle, and the node it was asked to read on
@@ -27,7 +27,7 @@ projection assumes); ``--shape short``: median 15 (mean ~31). ``--median`` overr
 (lengths and cuts as readers report them; default none, as the projection). Untruncated, a long step's costliest
 samples (L² up to 21,000²) exceed a rank's share, so the plan leaves many bins empty (bubble ~0.8-0.9 whatever
 the planner: docs/benchmarks.md, planner table). Cost model L² (the loader's default), ``prefetch_steps`` 2, the
-loader's message sizes (``loader.service.MESSAGE_BYTES``: a run's first message one step, then doubling, up to
+loader's message sizes (``loader.control.service.MESSAGE_BYTES``: a run's first message one step, then doubling, up to
 4 MiB of events per rank or 256 steps).
 
 Shuffle window (``--shuffle-window``, default ``nodes x rows-per-group``): blocks of that many rows, so each
@@ -88,8 +88,10 @@ from loader.clean import UnitMeta
 from loader.config import LoaderConfig
 from loader.pipeline import warm_up
 from loader.schema import Columns
-from loader.protocol import End, Fetched, Health, Opened, Packed, Step, Where
-from loader.service import MESSAGE_BYTES, RunKey, Service
+from loader.control.protocol import End, Fetched, Health, Opened, Packed, Step, Where
+from loader.control.production import MESSAGE_BYTES
+from loader.control.runs import RunKey
+from loader.control.service import Service
 from loader.sources import DataFile, SourceIndex, Unit
 
 REPO = Path(__file__).resolve().parent.parent

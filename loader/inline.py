@@ -1,7 +1,7 @@
 """``backend="inline"``: the same control plane in-process, for machines without Ray and for debugging.
 
-The inline backend drives the same :class:`loader.service.Service` as the Ray backend, on this
-process's control-plane event loop (:func:`loader.stream.control_loop`), with :class:`ThreadReaders`:
+The inline backend drives the same :class:`loader.control.service.Service` as the Ray backend, on this
+process's control-plane event loop (:func:`loader.control.stream.control_loop`), with :class:`ThreadReaders`:
 row groups decoded on a thread pool (pyarrow decodes without the GIL), read ahead while the current
 block is planned, held here, read in place by every rank. So queues, backpressure, repeat-safe
 requests and resume are the Ray backend's, and ranks iterated at the same time (threads, or
@@ -21,17 +21,18 @@ from concurrent.futures import ThreadPoolExecutor
 from loader.assemble import pack
 from loader.config import LoaderConfig
 from loader.pipeline import Resume, warm_up
-from loader.protocol import Fetched, Health, Packed, Where
+from loader.control.protocol import Fetched, Health, Packed, Where
 from loader.read import read_unit
-from loader.service import RunKey, Service
+from loader.control.runs import RunKey
+from loader.control.service import Service
 from loader.sources import SourceIndex
-from loader.stream import LoopCalls, Stream, control_loop
+from loader.control.stream import LoopCalls, Stream, control_loop
 
 HERE = Where(node="this process")  # where every rank runs and every row group is held
 
 
 class ThreadReaders:
-    """The :class:`loader.protocol.Readers` of the inline backend: units decoded on ``pool``, held in this
+    """The :class:`loader.control.protocol.Readers` of the inline backend: units decoded on ``pool``, held in this
     process (never lost), every rank here."""
 
     def __init__(self, index: SourceIndex, config: LoaderConfig, pool: ThreadPoolExecutor) -> None:

@@ -4,7 +4,7 @@
   nodes that have CPUs; restartable) decode, validate and truncate row groups into their node's
   object store and return only statuses, lengths and the object's ref; on request they pack the
   rows of their node that ranks on other nodes train on, one object per (node, rank).
-- :class:`Control` wraps :class:`loader.service.Service`, the control plane: it reads each row
+- :class:`Control` wraps :class:`loader.control.service.Service`, the control plane: it reads each row
   group on a reader of its home node (the least busy; re-issuing a read whose reader died: reads
   are pure, so nothing is lost or repeated), plans each step from statuses and lengths, and
   queues every rank's messages: object refs plus row indices. It never maps a row group.
@@ -50,11 +50,12 @@ from loader.config import LoaderConfig
 from loader.errors import CoordinatorLost, NodeLost, ReadersLost
 from loader.metrics import PUBLISH_S, Publisher, loader_tag
 from loader.pipeline import Resume, warm_up
-from loader.protocol import End, Fetched, Health, Lost, Opened, Packed, Reply, Step, Wait, Where
+from loader.control.protocol import End, Fetched, Health, Lost, Opened, Packed, Reply, Step, Wait, Where
 from loader.reader import Held, give_back, take_readers
-from loader.service import RunKey, Service
+from loader.control.runs import RunKey
+from loader.control.service import Service
 from loader.sources import SourceIndex
-from loader.stream import POLL_S, ControlCalls, LoopCalls, Stream, control_loop
+from loader.control.stream import POLL_S, ControlCalls, LoopCalls, Stream, control_loop
 
 NAMESPACE = "freescale"
 READ_ATTEMPTS = 10  # per unit, over restarts and other readers
@@ -69,7 +70,7 @@ def coordinator_name(name: str) -> str:
 
 
 class RayReaders:
-    """The :class:`loader.protocol.Readers` of the Ray backend: reader actors pinned to nodes.
+    """The :class:`loader.control.protocol.Readers` of the Ray backend: reader actors pinned to nodes.
 
     Reads go to the least busy reader of the unit's home node; a read whose reader died is re-issued
     (reads are pure, so nothing is lost or repeated). No call waits longer than
@@ -226,7 +227,7 @@ async def _dead_nodes(nodes: set[str], timeout: float) -> set[str]:
 
 
 class Control:
-    """One loader's control plane: a :class:`loader.service.Service` over :class:`RayReaders`, the
+    """One loader's control plane: a :class:`loader.control.service.Service` over :class:`RayReaders`, the
     loaders attached to it, and its metrics.
 
     ``watch``: check that the ranks' processes and nodes live (off when they all run in this process)."""
@@ -318,7 +319,7 @@ Coordinator = ray.remote(num_cpus=0, max_restarts=0)(Control)  # a named loader'
 
 
 class RayCalls(ControlCalls):
-    """:class:`loader.stream.ControlCalls`, and the calls of a Ray control plane's lifetime."""
+    """:class:`loader.control.stream.ControlCalls`, and the calls of a Ray control plane's lifetime."""
 
     def attach(self, fingerprint: tuple, name: str, where: Where):
         return self.submit(self.handle.attach, fingerprint, name, where)
@@ -350,7 +351,7 @@ class ActorControl(RayCalls):
 
 
 class LocalControl(LoopCalls, RayCalls):
-    """A :class:`Control` on this process's control-plane event loop (:func:`loader.stream.control_loop`):
+    """A :class:`Control` on this process's control-plane event loop (:func:`loader.control.stream.control_loop`):
     each call returns a future."""
 
     def __init__(self, index: SourceIndex, config: LoaderConfig, fingerprint: tuple) -> None:
@@ -470,7 +471,7 @@ class RayClient:
 
 
 class RayStream(Stream):
-    """A :class:`loader.stream.Stream` over a Ray control plane: every wait bounded, Ray's errors named.
+    """A :class:`loader.control.stream.Stream` over a Ray control plane: every wait bounded, Ray's errors named.
 
     The coordinator answers every request within a poll interval (a :class:`Wait` when it has
     nothing yet), so a reply missing for the liveness timeout means the coordinator is lost. A

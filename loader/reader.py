@@ -23,7 +23,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from loader.assemble import pack
 from loader.clean import UnitMeta
 from loader.metrics import record_read
-from loader.protocol import Lost
+from loader.control.protocol import Lost
 from loader.read import read_unit
 from loader.sources import SourceIndex
 
@@ -74,7 +74,7 @@ class Reader:
     def pack(self, pieces: dict[int, tuple[np.ndarray, np.ndarray]], refs: dict[int, ray.ObjectRef],
              dtypes: dict[str, np.dtype]) -> tuple[dict[int, ray.ObjectRef], int] | Lost:
         """({rank: ref of its rows ``pieces[rank]`` = (unit, row)}, this process's pid), or
-        :class:`loader.protocol.Lost` when a unit's rows are gone."""
+        :class:`loader.control.protocol.Lost` when a unit's rows are gone."""
         units = list(refs)
         try:
             held = dict(zip(units, ray.get([refs[u] for u in units])))

@@ -1,4 +1,4 @@
-"""The typed boundary between the control plane (:mod:`loader.service`) and the rest.
+"""The typed boundary between the control plane (:mod:`loader.control.service`) and the rest.
 
 Two sides, each a small set of frozen dataclasses a reader of the code (and a type checker) can
 follow across the process boundary, instead of method names passed as strings and tuples tagged

@@ -5,7 +5,7 @@
   (:class:`loader.ray_backend.ActorControl`), or a coroutine on this process's control-plane event
   loop (:class:`LoopCalls`, :func:`control_loop`).
 - :class:`Stream`: the messages of one run for some ranks, one request per rank kept in flight
-  ahead of the consumer; every reply is a :data:`loader.protocol.Reply`. The Ray backend adds
+  ahead of the consumer; every reply is a :data:`loader.control.protocol.Reply`. The Ray backend adds
   mapping a message's objects and bounding every wait (:class:`loader.ray_backend.RayStream`).
 
 No Ray here.
@@ -21,8 +21,8 @@ import time
 import warnings
 
 from loader.assemble import RankMessage
-from loader.protocol import Failed, Reply, Step, Wait, Where
-from loader.service import RunKey
+from loader.control.protocol import Failed, Reply, Step, Wait, Where
+from loader.control.runs import RunKey
 
 POLL_S = 5.0  # a blocking call returns Wait after this long (at most), so the caller can warn
 WARN_AFTER_S = 30.0

@@ -9,7 +9,7 @@ import pytest
 from loader import ray_backend
 from loader.config import LoaderConfig
 from loader.errors import NodeLost
-from loader.protocol import Where
+from loader.control.protocol import Where
 from loader.ray_backend import RayReaders
 from loader.sources import index_source
 

@@ -14,7 +14,7 @@ from ray.exceptions import ActorUnavailableError
 from loader import SequenceLoader
 from loader import ray_backend
 from loader.errors import RankLost
-from loader.protocol import Step
+from loader.control.protocol import Step
 from loader.ray_backend import NAMESPACE, coordinator_name
 from loader.reader import shutdown_readers
 from analysis.synth import write_synthetic
@@ -176,7 +176,7 @@ def test_corrupt_row_group_through_the_readers(ray_address, tmp_path):
 
 def test_a_rank_nobody_iterates_is_reported(ray_address, data, monkeypatch):
     monkeypatch.setattr(ray_backend, "_POLL_S", 0.2)
-    monkeypatch.setattr("loader.stream.WARN_AFTER_S", 1.0)
+    monkeypatch.setattr("loader.control.stream.WARN_AFTER_S", 1.0)
     with SequenceLoader(data, ranks=2, microbatches=1, samples_per_step=10, prefetch_steps=1, num_readers=1,
                         backend="ray") as loader:
         steps = loader.iter_rank(0)  # the plan waits for every rank to attach (their nodes shape it)

@@ -14,8 +14,9 @@ from loader.inline import InlineClient
 from loader.microbatch import MessageSteps
 from loader.pipeline import Resume
 from loader.read import read_unit
-from loader.protocol import End, Failed, Fetched, Health, Opened, Packed, Step, Wait, Where
-from loader.service import RunKey, Service
+from loader.control.protocol import End, Failed, Fetched, Health, Opened, Packed, Step, Wait, Where
+from loader.control.runs import RunKey
+from loader.control.service import Service
 from loader.sources import index_source
 
 from .helpers import record, synth
@@ -200,7 +201,7 @@ def test_a_rank_leaving_frees_the_producer_blocked_on_its_queue(index):
 
 def test_a_restarted_group_replaces_ranks_whose_processes_died(index, monkeypatch):
     # A trainer group that failed and restarted (torchrun, Ray Train): the old processes never left their run.
-    monkeypatch.setattr("loader.service.WATCH_INTERVAL_S", 0.05)
+    monkeypatch.setattr("loader.control.liveness.WATCH_INTERVAL_S", 0.05)
     readers = _Readers(index)
     dead = readers.dead
 
@@ -250,7 +251,7 @@ def test_a_shuffle_window_narrower_than_the_nodes_is_named(index, nodes, warned)
 
 
 def test_a_lost_node_fails_the_run_for_every_other_rank_naming_it(index, monkeypatch):
-    monkeypatch.setattr("loader.service.WATCH_INTERVAL_S", 0.05)
+    monkeypatch.setattr("loader.control.liveness.WATCH_INTERVAL_S", 0.05)
 
     class Cut(_Readers):
         lost: dict = {}
