@@ -1,27 +1,32 @@
-"""``backend="ray"``: reader actors and a control plane, thin shells over the pure stages.
+"""``backend="ray"``: reader actors and a control plane, thin shells over the pure stages and the control plane.
 
 - :class:`loader.reader.Reader` actors (default one per available CPU, pinned round-robin to the
   nodes that have CPUs; restartable) decode, validate and truncate row groups into their node's
   object store and return only statuses, lengths and the object's ref; on request they pack the
   rows of their node that ranks on other nodes train on, one object per (node, rank).
-- :class:`Control` wraps :class:`loader.control.service.Service`, the control plane: it reads each row
-  group on a reader of its home node (the least busy; re-issuing a read whose reader died: reads
-  are pure, so nothing is lost or repeated), plans each step from statuses and lengths, and
-  queues every rank's messages: object refs plus row indices. It never maps a row group.
+- :class:`RayReaders` is the control plane's :class:`loader.control.protocol.Readers` over them:
+  each unit read on a reader of its home node (the least busy; a read whose reader died is
+  re-issued: reads are pure, so nothing is lost or repeated), liveness from the readers of each
+  node and Ray's view of the nodes. No call waits longer than ``liveness_timeout``.
+- :class:`Control` wraps :class:`loader.control.service.Service` over :class:`RayReaders`, with the
+  loaders attached to it and its metrics. It never maps a row group.
 
   - A loader with a ``name`` runs it as the :data:`Coordinator` actor, named after the loader in
-    the ``freescale`` namespace, so trainer processes constructing the loader with the same
-    arguments and ``name`` attach to it (telling it their node, for the locality-aware plan, and
-    their process id, so a dead rank fails the run at once); the last to ``close()`` kills it
-    and its readers.
-  - An unnamed loader is private to this process, so its control plane runs here, on an event
+    the ``freescale`` namespace and placed on the node of the process that creates it (which owns
+    it), so trainer processes constructing the loader with the same arguments and ``name`` attach
+    to it (telling it their node, for the locality-aware plan, and their process id, so a dead
+    rank fails the run at once); the last to ``close()`` kills it and its readers.
+  - An unnamed loader is private to this process, so its control plane runs here, on the control
     loop thread (:class:`LocalControl`): no coordinator process to start, no actor call per
     message. Its readers stay warm for this process's next loader (:func:`loader.reader.take_readers`).
-- :class:`RayClient` is what a :class:`loader.SequenceLoader` holds in each trainer process: it
-  maps a message's objects (zero-copy for row groups of its own node; a piece packed on another
-  node crosses the network once) and gathers its rows into torch tensors. After decoding, an
-  event is written once into the object store of the node that read it and once into the
-  trainer's tensor; rows that cross nodes are packed once more on the way.
+- :class:`RayClient` is what a :class:`loader.SequenceLoader` holds in each trainer process;
+  :class:`RayStream` maps a message's objects (zero-copy for row groups of its own node; a piece
+  packed on another node crosses the network once). After decoding, an event is written once into
+  the object store of the node that read it and once into the trainer's tensor; rows that cross
+  nodes are packed once more on the way.
+
+Ray's exceptions end here: where the loader knows what was lost they become its named errors
+(:mod:`loader.errors`: a silent or dead coordinator, a lost node, readers that keep dying).
 
 The control plane publishes the loader's stats as Ray metrics and readers count what they decode
 (:mod:`loader.metrics`); a trainer process tells the control plane, with each request, how long

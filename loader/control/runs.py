@@ -41,13 +41,8 @@ class Run:
 
     def __init__(self, run_id: int, key: RunKey, ranks: int, prefetch: int, stats: Stats, *,
                  here: bool, retire: Callable[[Run], None]) -> None:
-        self.id = run_id
-        self.key = key
-        self.ranks = ranks
-        self.prefetch = prefetch
-        self.stats = stats
-        self.here = here
-        self.retire = retire
+        self.id, self.key, self.ranks, self.prefetch = run_id, key, ranks, prefetch
+        self.stats, self.here, self.retire = stats, here, retire
         self.queues = {rank: asyncio.Queue(prefetch) for rank in range(ranks)}
         self.joined: set[int] = set()
         self.where: dict[int, Where] = {}
