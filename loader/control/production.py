@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from loader.assemble import rank_message
+from loader.assemble import rank_messages
 from loader.config import LoaderConfig
 from loader.control.protocol import End, Step
 from loader.control.routing import Sources
@@ -146,8 +146,8 @@ class Messages:
         group, self.group, self.group_bytes = self.group, [], 0
         units = np.unique(np.concatenate([planned.unit for planned in group])).tolist()
         handles = {u: self.sources.handles[u] for u in units}
-        config, roles = self.service.config, self.service.index.roles
-        messages = [rank_message(group, rank, config.microbatches, roles) for rank in range(config.ranks)]
+        config = self.service.config
+        messages = rank_messages(group, config.ranks, config.microbatches, self.service.index.roles)
         await self.deliveries.put((group, asyncio.ensure_future(self.sources.complete(messages, handles))))
 
 

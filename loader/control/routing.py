@@ -3,7 +3,8 @@
 :class:`Sources` keeps the handles of the units that later steps still read (a handle names the node
 holding the unit's decoded rows) and turns planned messages into messages of handles: each rank reads
 the units of its own node in place (:func:`loader.assemble.route`), and the readers of every other node
-pack that rank's rows there into one piece (``Readers.pack``), so each event crosses the network at
+pack that rank's rows there into one piece (``Readers.pack``; every rank's route at once,
+:func:`loader.assemble.route_ranks`), so each event crosses the network at
 most once. When a holder died meanwhile (``Lost``), the lost units are read again (``Readers.renew``)
 and the messages routed anew: reads are pure, so nothing is lost or repeated.
 """
@@ -14,7 +15,7 @@ import asyncio
 
 import numpy as np
 
-from loader.assemble import RankMessage, route
+from loader.assemble import RankMessage, route_ranks
 from loader.control.protocol import Fetched, Lost, Readers
 
 PACK_ATTEMPTS = 3  # a pack whose rows were lost is retried from fresh reads this often
@@ -63,18 +64,13 @@ class Sources:
         for unit, read in handles.items():
             holder[unit] = nodes.setdefault(read.node, len(nodes))
         keys = {number: key for key, number in nodes.items()}
-        pieces: dict[int, dict[int, tuple]] = {}  # node number -> {rank: (unit, row) of its rows there}
-        routes = []
-        for message in messages:
-            key = self.rank_keys[message.rank]
-            way = route(message.unit, message.unit_row, holder, nodes.get(key) if key is not None else None)
-            for node, piece in way.pieces.items():
-                pieces.setdefault(node, {})[message.rank] = piece
-            routes.append(way)
+        here = [None if (key := self.rank_keys[m.rank]) is None else nodes.get(key) for m in messages]
+        routing = route_ranks(messages, holder, here)  # every rank's rows at once
+        routes = routing.routes
         packs = {
             node: asyncio.ensure_future(self.readers.pack(
-                keys[node], wanted, {u: handles[u].handle for u in _units_of(wanted)}))
-            for node, wanted in pieces.items()
+                keys[node], wanted, {u: handles[u].handle for u in routing.units[node]}))
+            for node, wanted in routing.wanted.items()
         }  # fmt: skip
         try:
             done = {node: await future for node, future in packs.items()}
@@ -88,7 +84,3 @@ class Sources:
             message.take(way, [handles[u].handle for u in way.units.tolist()],
                          [done[node].pieces[message.rank] for node in way.nodes.tolist()])
         return messages
-
-
-def _units_of(wanted: dict[int, tuple]) -> list[int]:
-    return np.unique(np.concatenate([unit for unit, _ in wanted.values()])).tolist()
