@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from trainer.timing import Clock, CudaEventClock, WallClock
 from trainer.transport import Exchange, GroupKind, Transport, make_exchange
 from trainer.transport.compressed import ErrorBoundSchedule
 
@@ -151,6 +152,11 @@ class Placement:
             yield cls(place, backend, device, host, on_device, [host, on_device])
         finally:
             dist.destroy_process_group()
+
+    def clock(self) -> Clock:
+        """The clock that times this rank's work (`trainer.timing`): CUDA events on the device's stream on a GPU,
+        the wall clock on the CPU."""
+        return CudaEventClock(self.device) if self.device.type == "cuda" else WallClock()
 
     def group(self, kind: GroupKind) -> Group:
         """The shared group of `kind`."""

@@ -8,7 +8,10 @@ import torch.distributed as dist
 
 from tests.trainer.dist import LoopbackExchange, Ready, run_world
 from trainer.embedding import ShardedEmbedding
+from trainer.instrument import Collectives, TimedExchange
 from trainer.overlap import OverlapScheduler
+from trainer.place import Group
+from trainer.timing import WallClock
 from trainer.transport import Transport, make_exchange
 from trainer.transport.torch_dist import TorchExchange
 
@@ -28,16 +31,46 @@ def make_steps(rank: int, seed: int = 0):
     return steps
 
 
-def train(scheduler, steps, dense):
-    """Runs the steps; the dense parameter `dense` (DIM,) shows compute reading the rows. Returns losses, stats
-    and, per step, the seconds of each microbatch's compute and the step's wall time (from the previous step's
-    end: the scheduler's own work between steps counts too)."""
-    losses, stats, walls, computes = [], [], [], [[] for _ in steps]
+class Spans:
+    """An exchange that logs, on the test's own clock, each collective's span: from the call to the return of
+    exchange_counts, from the call to the end of its handle's wait() for an all-to-all. The instrumentation
+    must account for exactly these stretches as wait + exposed + hidden communication."""
+
+    def __init__(self, inner, log: list[float]):
+        self.inner, self.log = inner, log
+        self.rank, self.world_size = inner.rank, inner.world_size
+
+    def exchange_counts(self, send_counts):
+        entered = time.perf_counter()
+        try:
+            return self.inner.exchange_counts(send_counts)
+        finally:
+            self.log.append(time.perf_counter() - entered)
+
+    def all_to_all(self, send, send_counts, recv_counts):
+        entered, handle, log = time.perf_counter(), self.inner.all_to_all(send, send_counts, recv_counts), self.log
+
+        class Logged:
+            def wait(self):
+                value = handle.wait()
+                log.append(time.perf_counter() - entered)
+                return value
+
+        return Logged()
+
+
+def train(scheduler, steps, dense, collectives, host, spans):
+    """Runs the steps; the dense parameter `dense` (DIM,) shows compute reading the rows. Returns losses, stats,
+    each step's `StepTimes` and, per step, the seconds of each microbatch's forward and compute (forward and
+    backward), the step's wall time (on the test's clock, from the end of the previous settle) and its
+    collectives' spans (`Spans`)."""
+    losses, stats, times, walls, forwards, computes, logged = [], [], [], [], [[] for _ in steps], [[] for _ in steps], []
 
     def compute(mb, rows):
         start = time.perf_counter()
         ids, target = mb
         loss = 0.5 * (torch.tanh(rows * dense) - target).pow(2).sum()
+        forwards[len(walls)].append(time.perf_counter() - start)
         loss.backward()
         losses.append(loss.detach())
         computes[len(walls)].append(time.perf_counter() - start)
@@ -47,44 +80,61 @@ def train(scheduler, steps, dense):
             dense.sub_(0.05 * dense.grad)
         dense.grad = None
 
+    collectives.begin()
     started = time.perf_counter()
     for s in scheduler.run(steps, ids=lambda mb: mb[0], compute=compute, step_end=step_end):
         walls.append(time.perf_counter() - started)
-        stats.append(s)
+        times.append(collectives.settle(host))
         started = time.perf_counter()
-    return torch.stack(losses), stats, computes, walls
+        stats.append(s)
+        logged.append(list(spans))
+        spans.clear()
+    return torch.stack(losses), stats, times, forwards, computes, walls, logged
 
 
-def check_step_times(stats, computes, walls, *, overlap: bool):
-    """What the StepStats' seconds must satisfy. exposed_s (start calls and blocked waits) and hidden_s (each
-    fetch from its start's return to its wait) are disjoint stretches of the step's time on one thread. Without
-    overlap nothing is hidden and compute runs outside the fetches. With overlap every microbatch but the very
-    last computes while the next fetch is under way, so the hidden time holds those computes: a schedule that
+SLACK_S = 1e-3  # per step, per comparison: between the instrumentation's clock reads and the test's, a few
+# Python calls run (a method call, a list append: microseconds each); 1 ms is far above them and far below
+# a step's parts (the loopback gloo collectives alone take ~0.1 ms each, the steps several ms)
+
+
+def check_step_times(times, forwards, computes, walls, logged, *, overlap: bool):
+    """What each step's `StepTimes` must satisfy against the test's own clock: the step's time is its wall
+    time; its parts sum to it; wait + exposed + hidden communication is exactly the time the collectives took
+    from their calls to their results (each logged independently by `Spans`); forwards (no collective in
+    them) are compute. Without overlap nothing computes while rows travel. With overlap every microbatch but the very last
+    computes while the next fetch is under way, so the hidden time holds those computes: a schedule that
     waited before computing would hide nothing and fail here, though its losses stay the same."""
-    assert len(stats) == len(computes) == len(walls)
-    for number, (s, microbatches, wall) in enumerate(zip(stats, computes, walls)):
-        where = (f"step {number}: exposed {s.exposed_s:.6f} s, hidden {s.hidden_s:.6f} s, "
-                 f"computes {microbatches}, wall {wall:.6f} s")
-        assert s.exposed_s > 0, where  # every fetch exchanges counts and ids over the exchange
-        if not overlap:
-            assert s.hidden_s == 0, where
-            assert s.exposed_s + sum(microbatches) <= wall, where
+    assert len(times) == len(computes) == len(walls)
+    last = len(times) - 1
+    for number, (t, fw, microbatches, wall, spans) in enumerate(zip(times, forwards, computes, walls, logged)):
+        where = f"overlap {overlap}, step {number}: {t}, forwards {fw}, computes {microbatches}, wall {wall:.6f} s, spans {spans}"
+        assert t.step_s == pytest.approx(wall, abs=SLACK_S), where
+        assert t.compute_s + t.comm_s + t.wait_s == pytest.approx(t.step_s, rel=1e-9), where
+        assert t.comm_s > 0 and t.wait_s >= 0 and t.compute_s >= sum(fw) - SLACK_S, where
+        assert t.hidden_s + t.comm_s + t.wait_s == pytest.approx(sum(spans), abs=SLACK_S), where
+        if not overlap:  # rows travel only between the computes (a start, bookkeeping, its wait)
+            assert t.hidden_s <= t.step_s - sum(microbatches) + SLACK_S, where
             continue
-        under_way = microbatches if number + 1 < len(stats) else microbatches[:-1]
-        assert s.hidden_s >= sum(under_way), where
-        assert s.exposed_s + s.hidden_s + sum(microbatches[len(under_way):]) <= wall, where
+        under_way = microbatches if number < last else microbatches[:-1]
+        assert t.hidden_s >= sum(under_way), where
 
 
 def _check_overlap(rank, world):
-    prefetch = make_exchange(Transport.GLOO, dist.new_group(backend="gloo"), torch.device("cpu"))  # its own group
+    host = Group("host", "gloo", torch.device("cpu"), dist.new_group(backend="gloo"))
+    spans: list[float] = []
+    collectives = Collectives(WallClock())
+    prefetch_group = dist.new_group(backend="gloo")  # its own group
+    prefetch = TimedExchange(Spans(make_exchange(Transport.GLOO, prefetch_group, torch.device("cpu")), spans),
+                             collectives)
     steps = make_steps(rank)
     results = {}
     for overlap in (False, True):
-        emb = ShardedEmbedding(NUM_ITEMS, DIM, exchange=TorchExchange(), init_seed=5, lr=0.1)
+        table = TimedExchange(Spans(TorchExchange(), spans), collectives)
+        emb = ShardedEmbedding(NUM_ITEMS, DIM, exchange=table, init_seed=5, lr=0.1)
         dense = torch.ones(DIM, requires_grad=True)
         scheduler = OverlapScheduler(emb, overlap=overlap, prefetch_exchange=prefetch if overlap else None)
-        losses, stats, computes, walls = train(scheduler, steps, dense)
-        check_step_times(stats, computes, walls, overlap=overlap)
+        losses, stats, *timing = train(scheduler, steps, dense, collectives, host, spans)
+        check_step_times(*timing, overlap=overlap)
         results[overlap] = (losses, emb.weight.clone(), emb.accumulator.clone(), dense.detach().clone(), stats)
     off, on = results[False], results[True]
     for a, b in zip(off[:4], on[:4]):
