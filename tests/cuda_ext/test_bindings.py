@@ -57,8 +57,9 @@ class FakeLibrary:
 def test_every_binding_passes_the_device_it_is_given(monkeypatch):
     fake = FakeLibrary()
     monkeypatch.setattr(bindings, "library", lambda: fake)
-    public = {name: fn for name, fn in vars(bindings).items() if inspect.isfunction(fn)
-              and fn.__module__ == bindings.__name__ and not name.startswith("_") and name not in ("library", "cuda_call")}
+    public = {name: fn for name, fn in vars(bindings).items()
+              if inspect.isfunction(fn) and fn.__module__ == bindings.__name__ and not name.startswith("_")
+              and name not in ("library", "cuda_call")}
     for name, fn in public.items():
         params = list(inspect.signature(fn).parameters)
         assert params[0] == "device", f"bindings.{name}{inspect.signature(fn)} does not take the device first"

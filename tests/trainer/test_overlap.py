@@ -64,7 +64,8 @@ def train(scheduler, steps, dense, collectives, host, spans):
     each step's `StepTimes` and, per step, the seconds of each microbatch's forward and compute (forward and
     backward), the step's wall time (on the test's clock, from the end of the previous settle) and its
     collectives' spans (`Spans`)."""
-    losses, stats, times, walls, forwards, computes, logged = [], [], [], [], [[] for _ in steps], [[] for _ in steps], []
+    losses, stats, times, walls, logged = [], [], [], [], []
+    forwards, computes = [[] for _ in steps], [[] for _ in steps]
 
     def compute(mb, rows):
         start = time.perf_counter()
@@ -101,13 +102,14 @@ def check_step_times(times, forwards, computes, walls, logged, *, overlap: bool)
     """What each step's `StepTimes` must satisfy against the test's own clock: the step's time is its wall
     time; its parts sum to it; wait + exposed + hidden communication is exactly the time the collectives took
     from their calls to their results (each logged independently by `Spans`); forwards (no collective in
-    them) are compute. Without overlap nothing computes while rows travel. With overlap every microbatch but the very last
-    computes while the next fetch is under way, so the hidden time holds those computes: a schedule that
+    them) are compute. Without overlap nothing computes while rows travel. With overlap every microbatch but the
+    very last computes while the next fetch is under way, so the hidden time holds those computes: a schedule that
     waited before computing would hide nothing and fail here, though its losses stay the same."""
     assert len(times) == len(computes) == len(walls)
     last = len(times) - 1
     for number, (t, fw, microbatches, wall, spans) in enumerate(zip(times, forwards, computes, walls, logged)):
-        where = f"overlap {overlap}, step {number}: {t}, forwards {fw}, computes {microbatches}, wall {wall:.6f} s, spans {spans}"
+        where = (f"overlap {overlap}, step {number}: {t}, forwards {fw}, computes {microbatches}, "
+                 f"wall {wall:.6f} s, spans {spans}")
         assert t.step_s == pytest.approx(wall, abs=SLACK_S), where
         assert t.compute_s + t.comm_s + t.wait_s == pytest.approx(t.step_s, rel=1e-9), where
         assert t.comm_s > 0 and t.wait_s >= 0 and t.compute_s >= sum(fw) - SLACK_S, where
