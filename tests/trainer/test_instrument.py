@@ -16,7 +16,7 @@ from trainer.config import TrainConfig
 from trainer.data import Split, write_split
 from trainer.instrument import Collectives, StepTimes
 from trainer.launch import free_port, train_rank
-from trainer.place import Backend, Place, Placement
+from trainer.place import Backend, Group, Place, Placement
 from trainer.timing import CudaEventClock, WallClock
 
 
@@ -90,9 +90,16 @@ def test_the_wall_clock_reads_marks_on_the_time_scale():
     assert before - 1e-3 <= a <= b <= time.time() + 1e-3 and b - a >= 0.01
 
 
-def test_the_cuda_clock_names_a_device():
+def test_the_placement_picks_the_clock_of_its_device():
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 1)
+    host = Group("host", "gloo", cpu, pg=None)
+    on_cpu = Placement(Place(0, 1, 0, "t"), Backend.GLOO, cpu, host, Group("device", "gloo", cpu, pg=None), [])
+    on_gpu = Placement(Place(0, 1, 1, "t"), Backend.NCCL, gpu, host, Group("device", "nccl", gpu, pg=None), [])
+    assert isinstance(on_cpu.clock(), WallClock)
+    clock = on_gpu.clock()
+    assert isinstance(clock, CudaEventClock) and clock.device == gpu  # marks on cuda:1's stream, not the current
     with pytest.raises(ValueError, match="CudaEventClock times one CUDA device, got cpu"):
-        CudaEventClock(torch.device("cpu"))
+        CudaEventClock(cpu)
 
 
 STAGES = ("## data: next step ##", "## data: global target count ##", "## emb: id all-to-all ##",
