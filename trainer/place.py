@@ -12,8 +12,8 @@ and builds the two groups every collective of the trainer goes through:
 and, for the transports (`trainer.transport.Transport` says which kind each needs), a group of that kind, or
 a new one for the prefetch (NCCL's with a high-priority stream). It also picks the clock that times the
 rank's work (`clock()`: CUDA events on the device's stream, or the wall clock on the CPU; `trainer.timing`).
-The trainer never uses the default group: under ``--backend nccl`` it is an NCCL group, and a host tensor there fails at the first step ("No backend
-type associated with device type cpu"). Each `Group` checks that its tensors are on the device it serves
+The trainer never uses the default group: under ``--backend nccl`` it is an NCCL group, and a host tensor
+there fails at the first step ("No backend type associated with device type cpu"). Each `Group` checks that its tensors are on the device it serves
 before it calls ``torch.distributed``, so such a mistake is named where it is made.
 """
 from __future__ import annotations
