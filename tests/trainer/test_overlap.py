@@ -62,8 +62,9 @@ class Spans:
 def train(scheduler, steps, dense, collectives, host, spans):
     """Runs the steps; the dense parameter `dense` (DIM,) shows compute reading the rows. Returns losses, stats,
     each step's `StepTimes` and, per step, the seconds of each microbatch's forward and compute (forward and
-    backward), the step's wall time (on the test's clock, from the end of the previous settle) and its
-    collectives' spans (`Spans`)."""
+    backward), the step's wall time on the test's clock twice, (inside, around) the instrumentation's: from the
+    previous settle's return to this settle's call, and from the previous settle's call to this one's return,
+    and its collectives' spans (`Spans`)."""
     losses, stats, times, walls, logged = [], [], [], [], []
     forwards, computes = [[] for _ in steps], [[] for _ in steps]
 
@@ -81,44 +82,49 @@ def train(scheduler, steps, dense, collectives, host, spans):
             dense.sub_(0.05 * dense.grad)
         dense.grad = None
 
+    called = time.perf_counter()
     collectives.begin()
-    started = time.perf_counter()
+    returned = time.perf_counter()
     for s in scheduler.run(steps, ids=lambda mb: mb[0], compute=compute, step_end=step_end):
-        walls.append(time.perf_counter() - started)
+        calling = time.perf_counter()
         times.append(collectives.settle(host))
-        started = time.perf_counter()
+        walls.append((calling - returned, time.perf_counter() - called))
+        called, returned = calling, time.perf_counter()
         stats.append(s)
         logged.append(list(spans))
         spans.clear()
     return torch.stack(losses), stats, times, forwards, computes, walls, logged
 
 
-SLACK_S = 1e-3  # per step, per comparison: between the instrumentation's clock reads and the test's, a few
-# Python calls run (a method call, a list append: microseconds each); 1 ms is far above them and far below
-# a step's parts (the loopback gloo collectives alone take ~0.1 ms each, the steps several ms)
+ROUNDING_S = 1e-5  # the marks come back on time.time()'s scale, where a float64 resolves 2.4e-7 s (1.7e9 s
+# since 1970); a step's few dozen marks round by far less than this
 
 
 def check_step_times(times, forwards, computes, walls, logged, *, overlap: bool):
-    """What each step's `StepTimes` must satisfy against the test's own clock: the step's time is its wall
-    time; its parts sum to it; wait + exposed + hidden communication is exactly the time the collectives took
-    from their calls to their results (each logged independently by `Spans`); forwards (no collective in
-    them) are compute. Without overlap nothing computes while rows travel. With overlap every microbatch but the
-    very last computes while the next fetch is under way, so the hidden time holds those computes: a schedule that
-    waited before computing would hide nothing and fail here, though its losses stay the same."""
+    """What each step's `StepTimes` must satisfy against the test's own clock. Every comparison is one the
+    clocks' order guarantees, so an OS that deschedules a rank between two reads cannot fail it: the step lies
+    between the test's inner and outer wall times; its parts sum to it; wait + exposed + hidden communication
+    holds the time each collective took from its call to its result as logged inside the instrumentation
+    (`Spans`), and at most 1.5x that (double counting would give 2x); forwards (no collective in them) are
+    compute. With overlap every microbatch but the very last computes while the next fetch is under way, so the
+    hidden time holds those computes: a schedule that waited before computing would hide nothing and fail
+    here, though its losses stay the same. Without overlap rows travel only across the bookkeeping between a
+    start and its wait (and inside backward, the gradients'): less than half the computes over the run."""
     assert len(times) == len(computes) == len(walls)
     last = len(times) - 1
-    for number, (t, fw, microbatches, wall, spans) in enumerate(zip(times, forwards, computes, walls, logged)):
+    for number, (t, fw, microbatches, (inside, around), spans) in enumerate(
+            zip(times, forwards, computes, walls, logged)):
         where = (f"overlap {overlap}, step {number}: {t}, forwards {fw}, computes {microbatches}, "
-                 f"wall {wall:.6f} s, spans {spans}")
-        assert t.step_s == pytest.approx(wall, abs=SLACK_S), where
+                 f"wall {inside:.6f}-{around:.6f} s, spans {spans}")
+        assert inside - ROUNDING_S <= t.step_s <= around + ROUNDING_S, where
         assert t.compute_s + t.comm_s + t.wait_s == pytest.approx(t.step_s, rel=1e-9), where
-        assert t.comm_s > 0 and t.wait_s >= 0 and t.compute_s >= sum(fw) - SLACK_S, where
-        assert t.hidden_s + t.comm_s + t.wait_s == pytest.approx(sum(spans), abs=SLACK_S), where
-        if not overlap:  # rows travel only between the computes (a start, bookkeeping, its wait)
-            assert t.hidden_s <= t.step_s - sum(microbatches) + SLACK_S, where
-            continue
-        under_way = microbatches if number < last else microbatches[:-1]
-        assert t.hidden_s >= sum(under_way), where
+        assert t.comm_s > 0 and t.wait_s >= 0 and t.compute_s >= sum(fw) - ROUNDING_S, where
+        assert sum(spans) - ROUNDING_S <= t.hidden_s + t.comm_s + t.wait_s <= 1.5 * sum(spans), where
+        if overlap:
+            under_way = microbatches if number < last else microbatches[:-1]
+            assert t.hidden_s >= sum(under_way) - ROUNDING_S, where
+    if not overlap:
+        assert sum(t.hidden_s for t in times) < 0.5 * sum(map(sum, computes)), times
 
 
 def _check_overlap(rank, world):
