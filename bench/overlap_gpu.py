@@ -50,7 +50,9 @@ Three parts, one run, one device:
 3. **Compression.** ``--rows`` (1M) x ``--dim`` (128) rows ~ N(0, ``--std`` 0.05) in ``--compress-dtype``
    (float32) on CUDA, for eb in ``--ebs`` (1e-2, 1e-3): GB/s of ``cuda_ext.compress.compress`` and
    ``decompress`` (the full payload API, host synchronisation included) and of the bare kernels
-   (``encode_rows_cuda``, ``decode_rows_cuda``), counted in input (uncompressed) bytes per second, medians
+   (compress.cu's ``encode_rows_cuda``, ``decode_rows_cuda`` and the Triton port's ``encode_rows_triton``,
+   ``decode_rows_triton``, which ``compress`` uses when triton is installed; ``triton_equals_cu`` compares their
+   outputs on the first 4096 rows), counted in input (uncompressed) bytes per second, medians
    of ``--repeats``; ``ratio_vs_bf16``; the per-row bound checked on the round trip; the payload of the first
    4096 rows equal to the CPU reference's bytes. Targets: >= 200 GB/s compress and decompress, ratio >= 2x at
    1e-2.
@@ -527,8 +529,8 @@ def _cuda_seconds(fn, repeats: int) -> float:
 
 
 def compress_one(args, eb: float, x: torch.Tensor) -> dict:
-    from cuda_ext.compress import (code_bits, compress, decode_rows_cuda, decompress, encode_rows_cuda,
-                                   ratio_vs_bf16)
+    from cuda_ext.compress import (code_bits, compress, decode_rows_cuda, decode_rows_triton, decompress,
+                                   encode_rows_cuda, encode_rows_triton, ratio_vs_bf16)
 
     nbytes = x.numel() * x.element_size()
     bits = code_bits(eb)
@@ -545,7 +547,12 @@ def compress_one(args, eb: float, x: torch.Tensor) -> dict:
            "decompress_gbps": gbps(nbytes, _cuda_seconds(lambda: decompress(payload), args.repeats)),
            "encode_kernel_gbps": gbps(nbytes, _cuda_seconds(lambda: encode_rows_cuda(x, eb, bits), args.repeats)),
            "decode_kernel_gbps": gbps(nbytes, _cuda_seconds(
-               lambda: decode_rows_cuda(lo, step, packed, bits, x.shape[1], x.dtype), args.repeats))}
+               lambda: decode_rows_cuda(lo, step, packed, bits, x.shape[1], x.dtype), args.repeats)),
+           "encode_triton_gbps": gbps(nbytes, _cuda_seconds(lambda: encode_rows_triton(x, eb, bits), args.repeats)),
+           "decode_triton_gbps": gbps(nbytes, _cuda_seconds(
+               lambda: decode_rows_triton(lo, step, packed, bits, x.shape[1], x.dtype), args.repeats)),
+           "triton_equals_cu": all(torch.equal(a, b) for a, b in zip(encode_rows_triton(head, eb, bits),
+                                                                     encode_rows_cuda(head, eb, bits)))}
     row["pass_speed"] = min(row["compress_gbps"], row["decompress_gbps"]) >= TARGET_COMPRESS_GBPS
     if eb >= 1e-2:
         row["pass_ratio"] = row["ratio_vs_bf16"] >= TARGET_RATIO
@@ -560,7 +567,8 @@ def compress_part(args) -> list[dict]:
     print(f"\n== 3. compression of {args.rows:,} x {args.dim} {args.compress_dtype} rows ~ N(0, {args.std}) "
           f"(GB/s of input bytes; targets >= {TARGET_COMPRESS_GBPS:.0f} GB/s, ratio >= {TARGET_RATIO}x at 1e-2)",
           flush=True)
-    print(f"   {'eb':>7} {'bits':>4} {'ratio':>6} {'compress':>9} {'decompr.':>9} {'enc kern':>9} {'dec kern':>9} "
+    print(f"   {'eb':>7} {'bits':>4} {'ratio':>6} {'compress':>9} {'decompr.':>9} {'enc .cu':>9} {'dec .cu':>9} "
+          f"{'enc tri.':>9} {'dec tri.':>9} "
           f"{'bound':>6} {'=cpu':>5}  verdict")
     rows = []
     for eb in args.ebs:
@@ -572,6 +580,7 @@ def compress_part(args) -> list[dict]:
                 verdict += ", ratio " + ("PASS" if got["pass_ratio"] else "FAIL")
             print(f"   {eb:7.0e} {got['bits']:>4} {got['ratio_vs_bf16']:6.2f} {got['compress_gbps']:9.1f} "
                   f"{got['decompress_gbps']:9.1f} {got['encode_kernel_gbps']:9.1f} {got['decode_kernel_gbps']:9.1f} "
+                  f"{got['encode_triton_gbps']:9.1f} {got['decode_triton_gbps']:9.1f} "
                   f"{str(got['bound_holds']):>6} {str(got['equals_cpu_reference']):>5}  {verdict}", flush=True)
     return rows
 

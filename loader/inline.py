@@ -20,7 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
-from loader.assemble import RankMessage, rank_message, route
+from loader.assemble import RankMessage, rank_messages, route_ranks
 from loader.clean import Chunk
 from loader.config import LoaderConfig
 from loader.nodes import NodeLayout
@@ -117,12 +117,13 @@ class InlineStream:
         if item is None:
             return None
         planned, held = item
+        config = self.client.config
+        every = rank_messages([planned], config.ranks, config.microbatches, self.client.index.roles)
+        messages = [every[rank] for rank in self.ranks]
         out = {}
-        for rank in self.ranks:
-            message = rank_message([planned], rank, self.client.config.microbatches, self.client.index.roles)
-            way = route(message.unit, message.unit_row, self.holder, 0)
+        for message, way in zip(messages, route_ranks(messages, self.holder, [0] * len(messages)).routes):
             message.take(way, [held[u].rows for u in way.units.tolist()], [])
-            out[rank] = message
+            out[message.rank] = message
         self.client.taken(self.ranks, time.monotonic() - asked)
         return out
 

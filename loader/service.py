@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from loader.assemble import RankMessage, rank_message, route
+from loader.assemble import RankMessage, rank_messages, route_ranks
 from loader.clean import UnitMeta
 from loader.config import LoaderConfig
 from loader.nodes import NodeLayout
@@ -461,9 +461,8 @@ class _Sender:
         group, self.group, self.group_bytes = self.group, [], 0
         units = np.unique(np.concatenate([planned.unit for planned in group])).tolist()
         handles = {u: self.handles[u] for u in units}
-        messages = []
-        for rank in range(self.service.config.ranks):
-            messages.append(rank_message(group, rank, self.service.config.microbatches, self.service.index.roles))
+        config = self.service.config
+        messages = rank_messages(group, config.ranks, config.microbatches, self.service.index.roles)
         await self.deliveries.put((group, asyncio.ensure_future(self.complete(messages, handles))))
 
     async def complete(self, messages: list[RankMessage], handles: dict) -> list[RankMessage]:
@@ -492,18 +491,13 @@ class _Sender:
         for unit, (_, node) in handles.items():
             holder[unit] = nodes.setdefault(node, len(nodes))
         keys = {number: key for key, number in nodes.items()}
-        pieces: dict[int, dict[int, tuple]] = {}
-        routes = []
-        for message in messages:
-            key = self.rank_keys[message.rank]
-            way = route(message.unit, message.unit_row, holder, nodes.get(key) if key is not None else None)
-            for node, piece in way.pieces.items():
-                pieces.setdefault(node, {})[message.rank] = piece
-            routes.append(way)
+        here = [None if (key := self.rank_keys[m.rank]) is None else nodes.get(key) for m in messages]
+        routing = route_ranks(messages, holder, here)
+        routes = routing.routes
         packs = {
             node: asyncio.ensure_future(self.service.pack(
-                keys[node], wanted, {u: handles[u][0] for u in _units_of(wanted)}))
-            for node, wanted in pieces.items()
+                keys[node], wanted, {u: handles[u][0] for u in routing.units[node]}))
+            for node, wanted in routing.wanted.items()
         }  # fmt: skip
         try:
             done = {node: await future for node, future in packs.items()}
@@ -515,6 +509,3 @@ class _Sender:
                          [done[node][message.rank] for node in way.nodes.tolist()])
         return messages
 
-
-def _units_of(wanted: dict[int, tuple]) -> list[int]:
-    return np.unique(np.concatenate([unit for unit, _ in wanted.values()])).tolist()
