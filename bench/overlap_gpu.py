@@ -21,8 +21,8 @@ Three parts, one run, one device:
 
    - ``sm``: an SM copy kernel, ``torch.add(src, 0, out=dst)`` on int32 views (an elementwise kernel; torch's
      ``copy_`` of two contiguous device tensors would be a cudaMemcpyAsync, which is what we compare against);
-   - ``ce_d2d``: ``cudaMemcpyAsync`` device to device on one GPU (``cuda_ext`` ``fs_memcpy_async`` on a stream of
-     ``fs_stream_create``), what the ``ce`` exchange issues when ranks share a GPU;
+   - ``ce_d2d``: ``cudaMemcpyAsync`` device to device on one GPU (``cuda_ext`` ``fs_memcpy_async`` on a
+     ``torch.cuda.Stream`` of the given priority), what the ``ce`` exchange issues when ranks share a GPU;
    - ``ce_d2h``: ``cudaMemcpyAsync`` device to pinned host (a copy engine over PCIe/C2C);
    - ``staged``: host-staged, device to pinned host then pinned host to device, both ``fs_memcpy_async`` on the
      transfer stream (the cross-node path of ``ce``); GB/s counts the payload once.
@@ -235,10 +235,8 @@ class Transfer:
     """One transfer mode: issue() queues one chunk of chunk_bytes on its own stream."""
 
     def __init__(self, mode: str, chunk_bytes: int, device: torch.device, priority: int):
-        from cuda_ext import bindings
-
-        self.mode, self.chunk_bytes = mode, chunk_bytes
-        self.stream = torch.cuda.ExternalStream(bindings.stream_create(device.index, priority), device=device)
+        self.mode, self.chunk_bytes, self.device = mode, chunk_bytes, device
+        self.stream = torch.cuda.Stream(device=device, priority=priority)  # as the ce exchange makes its own
         words = chunk_bytes // 4
         self.src = torch.randint(-2**31, 2**31 - 1, (words,), dtype=torch.int32, device=device)  # (words,)
         self.dst = torch.empty_like(self.src) if mode in ("sm", "ce_d2d", "staged") else None
@@ -251,13 +249,13 @@ class Transfer:
             with torch.cuda.stream(self.stream):
                 torch.add(self.src, 0, out=self.dst)  # an elementwise kernel on SMs
             return
-        raw = self.stream.cuda_stream
+        raw, index = self.stream.cuda_stream, self.device.index
         if self.mode == "ce_d2d":
-            memcpy_async(self.dst.data_ptr(), self.src.data_ptr(), self.chunk_bytes, raw)
+            memcpy_async(index, self.dst.data_ptr(), self.src.data_ptr(), self.chunk_bytes, raw)
         else:
-            memcpy_async(self.host.data_ptr(), self.src.data_ptr(), self.chunk_bytes, raw)
+            memcpy_async(index, self.host.data_ptr(), self.src.data_ptr(), self.chunk_bytes, raw)
             if self.mode == "staged":
-                memcpy_async(self.dst.data_ptr(), self.host.data_ptr(), self.chunk_bytes, raw)
+                memcpy_async(index, self.dst.data_ptr(), self.host.data_ptr(), self.chunk_bytes, raw)
 
     def alone_gbps(self, chunks: int = 8) -> float:
         self.issue()  # warm-up
@@ -272,10 +270,7 @@ class Transfer:
         return gbps(chunks * self.chunk_bytes, start.elapsed_time(stop) / 1e3)
 
     def close(self) -> None:
-        from cuda_ext.bindings import stream_destroy
-
         self.stream.synchronize()
-        stream_destroy(self.stream.cuda_stream)
 
 
 def run_steps(step, steps: int, transfer: Transfer | None = None, chunks: int = 0) -> dict:

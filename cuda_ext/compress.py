@@ -158,8 +158,9 @@ def encode_rows_cuda(x: Tensor, eb: float, bits: int) -> tuple[Tensor, Tensor, T
     step = torch.empty_like(lo)
     packed = torch.empty((rows, row_bytes), dtype=torch.uint8, device=x.device)
     status = torch.empty(rows, dtype=torch.uint8, device=x.device)
-    bindings.eb_encode(x.data_ptr(), _dtype_code(x), rows, cols, _step_factor(bits).item(), eb, bits, lo.data_ptr(),
-                       step.data_ptr(), packed.data_ptr(), row_bytes, status.data_ptr(), _stream(x.device))
+    bindings.eb_encode(x.device.index, x.data_ptr(), _dtype_code(x), rows, cols, _step_factor(bits).item(), eb, bits,
+                       lo.data_ptr(), step.data_ptr(), packed.data_ptr(), row_bytes, status.data_ptr(),
+                       _stream(x.device))
     return lo, step, packed, status
 
 
@@ -167,8 +168,8 @@ def decode_rows_cuda(lo: Tensor, step: Tensor, packed: Tensor, bits: int, cols: 
     """decode_rows_reference on CUDA tensors with compress.cu's kernel."""
     lo, step, packed = lo.contiguous(), step.contiguous(), packed.contiguous()
     out = torch.empty((lo.shape[0], cols), dtype=dtype, device=lo.device)
-    bindings.eb_decode(lo.data_ptr(), step.data_ptr(), packed.data_ptr(), lo.shape[0], cols, packed.shape[1], bits,
-                       DTYPES.index(dtype), out.data_ptr(), _stream(lo.device))
+    bindings.eb_decode(lo.device.index, lo.data_ptr(), step.data_ptr(), packed.data_ptr(), lo.shape[0], cols,
+                       packed.shape[1], bits, DTYPES.index(dtype), out.data_ptr(), _stream(lo.device))
     return out
 
 

@@ -22,6 +22,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.profiler import record_function
 
 from trainer.attention import AttentionImpl, RelativeBias, jagged_attention, jagged_positions, resolve_impl
 
@@ -43,10 +44,11 @@ class _AttentionBlock(nn.Module):
         """``(T, d)`` x3 -> ``(T, d)``: split into heads, ``jagged_attention`` of this block's kind, merge."""
         total, d_model = q.shape
         heads = (total, self.num_heads, d_model // self.num_heads)
-        return jagged_attention(
-            q.reshape(heads), k.reshape(heads), v.reshape(heads), offsets,
-            kind=self.kind, bias=self.bias(offsets, timestamps), max_len=self.max_len, impl=self.impl,
-        ).reshape(total, d_model)
+        with record_function(f"## attention: {self.kind} ##"):
+            return jagged_attention(
+                q.reshape(heads), k.reshape(heads), v.reshape(heads), offsets,
+                kind=self.kind, bias=self.bias(offsets, timestamps), max_len=self.max_len, impl=self.impl,
+            ).reshape(total, d_model)
 
 
 class HSTUBlock(_AttentionBlock):
