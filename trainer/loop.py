@@ -97,7 +97,7 @@ class RankTrainer:
                                       init_seed=cfg.seed, lr=cfg.emb_lr, device=self.device,
                                       fetch_exchange=self.exchanges.fetch)
         self.model = HSTU(cfg.d_model, cfg.num_layers, cfg.num_heads, attention=cfg.attention, max_len=cfg.max_len,
-                          dropout=cfg.dropout).to(self.device)
+                          dropout=cfg.dropout, attention_impl=cfg.attention_impl).to(self.device)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr)
         self.scheduler = OverlapScheduler(self.table, overlap=cfg.overlap, prefetch_exchange=self.exchanges.prefetch)
         self.losses: list[torch.Tensor] = []  # per microbatch, this rank's share (read at the step's record)
