@@ -55,6 +55,8 @@ each batch into the same jagged torch tensors (user ids, and per list column val
    is told to build its loader to the last batch of any rank.
 8. ``split2``, ``split8`` (their anchor): ``streaming_split(P, equal=True)`` with one consumer process per split (an
    actor, as Ray Train's workers are; started before the pass), each ``iter_torch_batches(batch_size=G // P)``.
+9. ``ours_s3``: ``ours`` over the same files on an S3-compatible server on loopback (moto's server in a child
+   process, its CPU counted; the files uploaded once, untimed): ``s3://bench/<set>?endpoint_override=...``.
 
 Every contender decodes the same columns (``--columns all``: user id and every list column; ``items``: user id and
 item ids only) and must deliver every row and token of the dataset (checked; a mismatch is reported).
@@ -79,10 +81,10 @@ Memory: a sampler thread reads ``/proc/<pid>/status`` every 0.2 s for the same t
 ``RSS`` = sum of VmRSS (shared pages counted once per process: an upper bound). Reported: the peak of each during
 the timed passes, and ``mem`` when the pass started (idle Ray workers left by earlier contenders included).
 
-Targets (issue 28), every shape, same run: ours >= 0.9x ``spdl``'s rows/s and <= 1.2x its CPU-s per row; ``named2``
->= 0.7x and ``named8`` >= 0.4x ``spdl``'s rows/s, and each >= 1.2x its ``split`` anchor; first batch (best pass: warm
-readers) <= 1.0 s for ours and the named cases; on ``mem``, ours' peak memory rise <= 1.5x the floor's. Kept from
-issues 16 and 18 (kind ``issue16``): ours >= 1.0x ``raydata`` and ``raysplit`` rows/s at <= 0.8x their CPU-s per row;
+Targets (issue 28), every shape, same run: ours >= 0.9x ``spdl``'s rows/s and <= 1.2x its CPU-s per row; ``ours_s3``
+>= 0.8x ours' rows/s; ``named2`` >= 0.7x and ``named8`` >= 0.4x ``spdl``'s rows/s, and each >= 1.2x its ``split``
+anchor; first batch (best pass: warm readers) <= 1.0 s for ours and the named cases; on ``mem``, ours' peak memory
+rise <= 1.5x the floor's. Kept from issues 16 and 18 (kind ``issue16``): ours >= 1.0x ``raydata`` and ``raysplit`` rows/s at <= 0.8x their CPU-s per row;
 ``ours_dl`` >= 0.95x ours.
 
 MovieLens gets the same ratios, for information only. Prints a human table per dataset as it goes, then the
@@ -98,6 +100,7 @@ import logging
 import math
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -130,14 +133,15 @@ SIGMA, FILES = 1.2, 4
 DATASETS = (*SHAPES, "movielens")
 MOVIELENS_G = 128  # 610 rows: 5 steps
 PROCS = (2, 8)  # trainer processes of the named-loader cases (named2, named8) and their anchors (split2, split8)
-CONTENDERS = ("floor", "spdl", "raydata", "raysplit", "ours", "ours_dl", *(f"{kind}{p}" for p in PROCS
-                                                                       for kind in ("named", "split")))
+CONTENDERS = ("floor", "spdl", "raydata", "raysplit", "ours", "ours_s3", "ours_dl",
+              *(f"{kind}{p}" for p in PROCS for kind in ("named", "split")))
 ANCHORS = ("raydata", "raysplit")
 TARGET_ROWS_VS_ANCHOR, TARGET_CPU_VS_ANCHOR, TARGET_FIRST_BATCH_S = 1.0, 0.8, 1.0  # issue 16
 # issue 28: ours (one process) against SPDL's pipeline; the named loader with one process per rank against SPDL and
 # against Ray Data's streaming_split with one consumer process per split; peak memory against one-thread pyarrow
 TARGET_ROWS_VS_SPDL, TARGET_CPU_VS_SPDL, TARGET_NAMED_VS_SPLIT, TARGET_MEM_VS_FLOOR = 0.9, 1.2, 1.2, 1.5
 TARGET_NAMED_VS_SPDL = {2: 0.7, 8: 0.4}
+TARGET_S3_VS_DISK = 0.8  # ours reading the same files from a loopback S3 server
 TARGET_DATALOADER_VS_OURS = 0.95  # issue 18: the DataLoader path costs at most 5% of ours' rows/s
 SAMPLE_INTERVAL_S = 0.2
 TICK = os.sysconf("SC_CLK_TCK")
@@ -645,9 +649,10 @@ def ours_available() -> tuple[bool, str]:
     return True, ""
 
 
-def run_ours(ds: dict, cols: list[str], cfg: dict, clock: dict, *, dataloader: bool = False) -> dict:
+def run_ours(ds: dict, cols: list[str], cfg: dict, clock: dict, *, dataloader: bool = False, s3: bool = False) -> dict:
     """SequenceLoader on the running Ray, every rank drained by its own thread; ``teardown`` closes it.
-    ``dataloader``: each rank through ``DataLoader(RankDataset(loader, rank=r), batch_size=None)``."""
+    ``dataloader``: each rank through ``DataLoader(RankDataset(loader, rank=r), batch_size=None)``; ``s3``: the
+    dataset's copy on the bench's loopback S3 server (:class:`S3Store`)."""
     from loader import SequenceLoader
 
     R = cfg["R"]
@@ -664,7 +669,7 @@ def run_ours(ds: dict, cols: list[str], cfg: dict, clock: dict, *, dataloader: b
                 getattr(mb, "timestamps", None) is not None) + list(getattr(mb, "features", {}) or {})
         return len(mb.user_ids), len(mb.item_ids)
 
-    sl = SequenceLoader(ds["path"], **kwargs)
+    sl = SequenceLoader(_S3[0].uri(ds) if s3 else ds["path"], **kwargs)
     if dataloader:
         from torch.utils.data import DataLoader
 
@@ -684,6 +689,64 @@ def run_ours(ds: dict, cols: list[str], cfg: dict, clock: dict, *, dataloader: b
             "planner_ms_per_step": planner_ms_per_step(stats, math.ceil(ds["rows"] / cfg["G"])),
             "microbatches_per_rank": per_rank_mbs, "equal_microbatches": len(set(per_rank_mbs)) == 1,
             "teardown": sl.close}
+
+
+class S3Store:
+    """moto's S3-compatible server on loopback, in a process of its own (a child of the bench: its CPU counts in
+    the process tree's), with each dataset uploaded once; credentials go to the environment before Ray starts,
+    so readers inherit them."""
+
+    BUCKET = "bench"
+
+    def __init__(self) -> None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1",
+                          AWS_EC2_METADATA_DISABLED="true")
+        self.server = subprocess.Popen([sys.executable, "-c", "from moto.server import main; main()", "-H",
+                                        "127.0.0.1", "-p", str(port)],
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.query = f"endpoint_override=127.0.0.1:{port}&scheme=http&region=us-east-1"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+            except OSError:
+                if time.monotonic() > deadline or self.server.poll() is not None:
+                    raise RuntimeError(f"the moto server on port {port} did not start (exit {self.server.poll()})")
+                time.sleep(0.2)
+        import pyarrow.fs as pafs
+
+        self.filesystem, _ = pafs.FileSystem.from_uri(
+            f"s3://{self.BUCKET}?{self.query}&allow_bucket_creation=true")
+        self.filesystem.create_dir(self.BUCKET)
+        self.uploaded: dict[str, str] = {}
+
+    def uri(self, ds: dict) -> str:
+        """The dataset's copy on the server (uploaded on first use, untimed)."""
+        import pyarrow.fs as pafs
+
+        if ds["path"] not in self.uploaded:
+            key = f"{self.BUCKET}/{Path(ds['path']).name}"
+            started = time.monotonic()
+            for part in sorted(Path(ds["path"]).glob("part-*.parquet")):
+                pafs.copy_files(str(part), f"{key}/{part.name}", source_filesystem=pafs.LocalFileSystem(),
+                                destination_filesystem=self.filesystem)
+            print(f"{ds['name']}: uploaded to the loopback S3 server in {time.monotonic() - started:.1f} s", flush=True)
+            self.uploaded[ds["path"]] = f"s3://{key}?{self.query}"
+        return self.uploaded[ds["path"]]
+
+    def close(self) -> None:
+        self.server.terminate()
+        try:
+            self.server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.server.kill()
+
+
+_S3: list[S3Store] = []  # the bench's server, when an s3 contender runs
 
 
 def planner_ms_per_step(stats, steps: int) -> float | None:
@@ -716,7 +779,7 @@ def planner_ms_per_step(stats, steps: int) -> float | None:
 
 
 RUNNERS = {"floor": run_floor, "spdl": run_spdl, "raydata": run_raydata, "raysplit": run_raysplit, "ours": run_ours,
-           "ours_dl": functools.partial(run_ours, dataloader=True),
+           "ours_dl": functools.partial(run_ours, dataloader=True), "ours_s3": functools.partial(run_ours, s3=True),
            **{f"{kind}{p}": functools.partial(run, procs=p) for p in PROCS
               for kind, run in (("named", run_named), ("split", run_split))}}
 
@@ -745,32 +808,36 @@ def one_pass(runner, ds: dict, cols: list[str], cfg: dict) -> dict:
          "first_any_batch_s": firsts[0] - start if firsts else None, "consumers": consumers, **mon.result(),
          "quiet_before": quiet}
     p["cores"] = p["cpu_s"] / wall
-    p["mem_rise_mib"] = p["peak_mem_mib"] - p["start_mem_mib"]
     p["cpu_s_per_row"] = p["cpu_s"] / out["rows"] if out["rows"] else None
     p["cpu_s_per_mrow"] = p["cpu_s_per_row"] * 1e6 if out["rows"] else None
     return p
 
 
 def measure(name: str, ds: dict, cols: list[str], cfg: dict, warmups: int, repeats: int) -> dict:
-    """``warmups`` untimed passes, then ``repeats`` timed ones; the fastest pass's figures, every wall and CPU."""
+    """``warmups`` untimed passes, then ``repeats`` timed ones; the fastest pass's figures, every wall and CPU.
+
+    ``mem_rise_mib``: the process tree's peak memory over all of them, less its memory before the first: what a
+    memory pool keeps from one pass to the next (pyarrow's, the object store's pages) counts once, as it would in
+    a trainer's one long pass."""
     runner = RUNNERS[name]
     warm_firsts = []  # first batch of each warm-up pass: the first one meets cold processes (ours: readers)
-    for _ in range(warmups):
-        clock: dict = {}
-        start = time.monotonic()
-        out = runner(ds, cols, cfg, clock)
-        firsts = clock.get("first", {})
-        warm_firsts.append(max(firsts.values()) - start if len(firsts) == out["consumers"] else None)
-        teardown = out.get("teardown")
-        if teardown is not None:
-            teardown()
-    passes = [one_pass(runner, ds, cols, cfg) for _ in range(repeats)]
+    with TreeMonitor() as whole:
+        for _ in range(warmups):
+            clock: dict = {}
+            start = time.monotonic()
+            out = runner(ds, cols, cfg, clock)
+            firsts = clock.get("first", {})
+            warm_firsts.append(max(firsts.values()) - start if len(firsts) == out["consumers"] else None)
+            teardown = out.get("teardown")
+            if teardown is not None:
+                teardown()
+        passes = [one_pass(runner, ds, cols, cfg) for _ in range(repeats)]
     best = min(passes, key=lambda q: q["wall_s"])
     want = expected_rows(name, ds, cfg)
     tokens_ok = best["tokens"] == ds["tokens"] if want == ds["rows"] else best["tokens"] < ds["tokens"]
     return {"dataset": ds["name"], "contender": name, "available": True, "error": None, **best,
             "peak_mem_mib": max(q["peak_mem_mib"] for q in passes),
-            "mem_rise_mib": max(q["mem_rise_mib"] for q in passes),
+            "mem_rise_mib": (whole.peak_mem - whole.start_mem) / 1024,
             "peak_rss_mib": max(q["peak_rss_mib"] for q in passes),
             "runs": f"best of {repeats} after {warmups} warm-up pass(es)", "all_walls_s": [q["wall_s"] for q in passes],
             "all_cpu_s": [q["cpu_s"] for q in passes], "all_foreign_cpu_s": [q["foreign_cpu_s"] for q in passes],
@@ -782,7 +849,7 @@ def measure(name: str, ds: dict, cols: list[str], cfg: dict, warmups: int, repea
 
 
 HEADER = (f"{'dataset':>9} {'contender':>9} {'rows/s':>10} {'Mtok/s':>7} {'wall s':>7} {'1st s':>6} {'CPU s':>7} "
-          f"{'cores':>5} {'CPU s/Mrow':>10} {'plan ms/st':>10} {'mem MiB':>8} {'(start)':>8} {'RSS MiB':>8} "
+          f"{'cores':>5} {'CPU s/Mrow':>10} {'plan ms/st':>10} {'mem MiB':>8} {'(start)':>8} {'rise':>6} {'RSS MiB':>8} "
           f"{'foreign':>7}  check")
 
 
@@ -804,7 +871,7 @@ def print_row(row: dict) -> None:
     print(f"{row['dataset']:>9} {row['contender']:>9} {row['rows_per_s']:10.0f} {row['tokens_per_s'] / 1e6:7.2f} "
           f"{row['wall_s']:7.2f} {_fmt(row['first_batch_s'], '6.2f'):>6} {row['cpu_s']:7.1f} {row['cores']:5.2f} "
           f"{_fmt(row['cpu_s_per_mrow'], '10.1f'):>10} {_fmt(row.get('planner_ms_per_step'), '.2f'):>10} "
-          f"{row['peak_mem_mib']:8.0f} {row['start_mem_mib']:8.0f} {row['peak_rss_mib']:8.0f} "
+          f"{row['peak_mem_mib']:8.0f} {row['start_mem_mib']:8.0f} {row['mem_rise_mib']:6.0f} {row['peak_rss_mib']:8.0f} "
           f"{row['foreign_cpu_s']:7.1f}  {check}", flush=True)
 
 
@@ -819,6 +886,8 @@ def checks() -> list[tuple[str, str, str, str, str | None, float, str, str | Non
         ("ours_first_batch_s", "ours first batch", "ours", "first_batch_s", None, TARGET_FIRST_BATCH_S, "target", None),
         ("ours_vs_floor_mem_rise", "ours / floor peak memory rise", "ours", "mem_rise_mib", "floor",
          TARGET_MEM_VS_FLOOR, "target", "mem"),
+        ("ours_s3_vs_ours_rows_per_s", "ours from S3 / from local disk rows/s", "ours_s3", "rows_per_s", "ours",
+         TARGET_S3_VS_DISK, "target", None),
     ]
     for p in PROCS:
         out += [(f"named{p}_vs_spdl_rows_per_s", f"named P={p} / spdl rows/s", f"named{p}", "rows_per_s", "spdl",
@@ -959,6 +1028,8 @@ def main(argv=None) -> dict:
     free = os.statvfs(args.data_dir)
     print(f"disk free under {args.data_dir}: {free.f_bavail * free.f_frsize / 2**30:.1f} GiB", flush=True)
 
+    if "ours_s3" in args.contenders and have_ours:
+        _S3.append(S3Store())  # before Ray starts: its readers inherit the credentials
     temp_dir = tempfile.mkdtemp(prefix="rb", dir="/tmp")  # short: Ray's socket paths have a length limit
     ray.init(num_cpus=args.num_cpus, include_dashboard=False, _temp_dir=temp_dir, logging_level=logging.WARNING,
              log_to_driver=False)
@@ -975,7 +1046,8 @@ def main(argv=None) -> dict:
               "every consumer (rank, split) has its first batch; CPU s = CPU time of the process tree (Ray's "
               "processes included), cores = CPU s / wall s, CPU s/Mrow = CPU s per million delivered rows; plan "
               "ms/st = planner time per step (ours); mem = peak over the timed passes of (sum of RssAnon over the "
-              "tree + largest RssShmem, i.e. the object store once), (start) = the same when the pass began; RSS = "
+              "tree + largest RssShmem, i.e. the object store once), (start) = the same when the pass began; rise = "
+              "the peak over all the contender's passes (warm-up included) less the memory before its first; RSS = "
               "peak sum of VmRSS (upper bound); foreign = other processes' CPU s in the same pass", flush=True)
         for ds in datasets:
             cols = dataset_columns(ds["path"], args.columns)
@@ -1007,6 +1079,8 @@ def main(argv=None) -> dict:
     finally:
         close_rank_processes()
         ray.shutdown()
+        while _S3:
+            _S3.pop().close()
         shutil.rmtree(temp_dir, ignore_errors=True)
     targets = verdicts(result_rows, datasets)
     elapsed = time.perf_counter() - started

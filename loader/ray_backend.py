@@ -49,6 +49,7 @@ from loader.clean import UnitMeta
 from loader.config import LoaderConfig
 from loader.metrics import PUBLISH_S, Publisher, loader_tag
 from loader.pipeline import Resume, warm_up
+from loader.read import readahead_units
 from loader.reader import Held, give_back, take_readers
 from loader.service import RunKey, Service, SourcesLost, Where
 from loader.sources import SourceIndex
@@ -85,7 +86,7 @@ class Control:
         self.publisher = Publisher(self.tag)
         self.publishing: asyncio.Task | None = None
         self.service = Service(index, config, fetch=self._fetch, pack=self._pack, renew=self._renew,
-                               alive=self._alive if watch else None, readahead=2 * (config.num_readers or 2))
+                               alive=self._alive if watch else None, readahead=readahead_units(index, config.num_readers or 2))
         # compile or load the planner's kernels beside the first reads (the first plan waits on numba's lock)
         threading.Thread(target=warm_up, args=(config,), daemon=True).start()
 

@@ -25,6 +25,15 @@ from loader.sources import SourceIndex
 
 # What pyarrow raises for pages that do not decode (bad compression, garbled encodings, short reads).
 _DECODE_ERRORS = (pa.ArrowException, OSError)
+READ_AHEAD_BYTES = 1 << 30  # decoded row groups read ahead of the current shuffle block, at most (one at least)
+
+
+def readahead_units(index: SourceIndex, readers: int) -> int:
+    """Row groups to keep in flight beyond the current shuffle block: two per reader, so none waits for work,
+    but no more than ``READ_AHEAD_BYTES`` of the largest row group decoded (at least one): row groups of 0.5 GB
+    are read one ahead, not four (the memory a loader holds is the block, the window and this read-ahead)."""
+    largest = max((u.nbytes for u in index.units), default=0)
+    return max(1, min(2 * readers, READ_AHEAD_BYTES // max(largest, 1)))
 
 
 @dataclass

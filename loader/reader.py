@@ -58,8 +58,9 @@ class Reader:
     units of this node (zero-copy) and puts one object per rank holding just that rank's rows.
     The objects live as long as this process (and someone holds their refs): after a restart the
     coordinator reads again what the old process held. Reads decode one at a time, but while one
-    decodes the bytes of up to ``READ_AHEAD`` more are fetched (the read-ahead: object storage
-    answers while this process decodes); packs run one at a time; the small control calls
+    decodes, the bytes of up to ``READ_AHEAD`` more are fetched from remote filesystems (the
+    read-ahead: object storage answers while this process decodes; local files are fetched when
+    their decode starts, so their bytes are not held meanwhile); packs run one at a time; the small control calls
     (``alive``, ``pid``, ``node_id``) on a thread of their own, so a liveness check never waits
     behind queued reads.
     """
@@ -72,8 +73,11 @@ class Reader:
              loader: str) -> tuple[UnitMeta, ray.ObjectRef, int]:
         """Read ``unit`` (an index of one row group, :meth:`SourceIndex.only`) for the loader
         tagged ``loader`` in the metrics."""
-        fetched = fetch_unit(unit, 0, skip_corrupt=skip_corrupt)  # beside another read's decode
+        remote = unit.files[0].filesystem.type_name != "local"
+        fetched = fetch_unit(unit, 0, skip_corrupt=skip_corrupt) if remote else None  # beside another's decode
         with self.decoding:
+            if fetched is None:  # a local file: its bytes come at page-cache speed, fetched bytes would only wait
+                fetched = fetch_unit(unit, 0, skip_corrupt=skip_corrupt)
             chunk = decode_unit(unit, fetched, max_seq_len=max_seq_len, skip_corrupt=skip_corrupt)
             del fetched
             record_read(loader, ray.get_runtime_context().get_node_id(), len(chunk.status), chunk.rows.nbytes)

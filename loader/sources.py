@@ -68,11 +68,13 @@ _footers: OrderedDict[tuple, pq.FileMetaData] = OrderedDict()
 
 @dataclass(frozen=True)
 class Unit:
-    """Row group ``row_group`` of file ``file`` (an index into ``SourceIndex.files``), ``rows`` rows."""
+    """Row group ``row_group`` of file ``file`` (an index into ``SourceIndex.files``), ``rows`` rows;
+    ``nbytes``: the uncompressed size of its carried columns, from the footer (about what it decodes to)."""
 
     file: int
     row_group: int
     rows: int
+    nbytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -109,7 +111,7 @@ class SourceIndex:
         """An index of row group ``unit`` alone (as its unit 0): all a reader needs to read it, a
         few hundred bytes however large the source."""
         u = self.units[unit]
-        return replace(self, files=(self.files[u.file],), units=(Unit(0, u.row_group, u.rows),), skipped_files=())
+        return replace(self, files=(self.files[u.file],), units=(replace(u, file=0),), skipped_files=())
 
     def describe(self, unit: int) -> str:
         """``path (row group g)`` for messages."""
@@ -144,8 +146,9 @@ def index_source(source, *, columns: Columns = Columns(), skip_corrupt: bool = F
         if reference is None:
             reference = (file.path, carried)
         _check_same_columns(file.path, carried, *reference)
+        sizes = _carried_bytes(file.footer(), {columns.user, *carried})
         for group, rows in enumerate(row_counts):
-            units.append(Unit(file=len(kept), row_group=group, rows=rows))
+            units.append(Unit(file=len(kept), row_group=group, rows=rows, nbytes=sizes[group]))
         kept.append(file)
     if reference is None:
         raise ValueError(
@@ -257,6 +260,16 @@ def _read_footer(file: DataFile) -> tuple[DataFile, pa.Schema, list[int]] | Exce
         raise
     except (pa.ArrowException, OSError) as exc:  # bad magic bytes, truncated or garbled thrift
         return exc
+
+
+def _carried_bytes(metadata: pq.FileMetaData, names: set[str]) -> list[int]:
+    """Uncompressed bytes of the column chunks of ``names`` (top-level columns) in each row group."""
+    out = []
+    for g in range(metadata.num_row_groups):
+        group = metadata.row_group(g)
+        out.append(sum(group.column(j).total_uncompressed_size for j in range(group.num_columns)
+                       if group.column(j).path_in_schema.split(".", 1)[0] in names))
+    return out
 
 
 def _carried_columns(schema: pa.Schema, path: str, columns: Columns) -> dict[str, pa.DataType]:
