@@ -539,11 +539,13 @@ class RankProcesses:
         self.passes = 0
 
     @staticmethod
-    def _line(proc, want: str | None = None) -> str:
-        line = proc.stdout.readline()
-        if not line or (want is not None and line.strip() != want):
-            raise RuntimeError(f"rank process {proc.pid} ended or answered {line!r} (exit code {proc.poll()})")
-        return line
+    def _line(proc, want: str) -> str:
+        """The rest of the process's next stdout line that starts with ``want`` (lines Ray or a library print to
+        stdout in between are skipped)."""
+        while line := proc.stdout.readline():
+            if line.startswith(want):
+                return line[len(want):]
+        raise RuntimeError(f"rank process {proc.pid} ended before it said {want!r} (exit code {proc.poll()})")
 
     def run_pass(self, clock: dict) -> list[dict]:
         """One pass, every process building its loader at once; sets ``clock["first"]`` and ``clock["end"]``
@@ -553,7 +555,7 @@ class RankProcesses:
         for proc in self.procs:
             proc.stdin.write(f"go {name}\n")
             proc.stdin.flush()
-        results = [json.loads(self._line(proc)) for proc in self.procs]
+        results = [json.loads(self._line(proc, "result ")) for proc in self.procs]
         clock["first"] = {i: r["first"] for i, r in enumerate(results) if r["first"] is not None}
         clock["end"] = max(r["end"] for r in results)
         return results

@@ -4,7 +4,7 @@
 Started once per contender by the bench (imports, ``ray.init(address=...)``), it prints ``ready`` and then runs one
 pass per line ``go <loader name>`` on stdin: builds ``SequenceLoader(path, ranks=P, microbatches=M,
 samples_per_step=G, backend="ray", name=<loader name>)``, drains ``iter_rank(rank)``, closes the loader, and prints
-one JSON line: rows, tokens, microbatches, ``first`` and ``end`` (``time.monotonic()``, the same clock in every
+``result`` and a JSON object on one line (other lines on stdout, Ray's or a library's, are not the bench's): rows, tokens, microbatches, ``first`` and ``end`` (``time.monotonic()``, the same clock in every
 process of the machine), and the loader's ``stats()`` from rank 0. ``quit`` (or end of input) ends it.
 """
 
@@ -57,7 +57,7 @@ def main(argv=None) -> None:
             stats = loader.stats() if args.rank == 0 else None
         finally:
             loader.close()
-        print(json.dumps({"rows": rows, "tokens": tokens, "microbatches": mbs, "first": first, "end": end,
+        print("result " + json.dumps({"rows": rows, "tokens": tokens, "microbatches": mbs, "first": first, "end": end,
                           "stats": stats}, default=str), flush=True)
     ray.shutdown()
 
