@@ -1088,7 +1088,7 @@ def main(argv=None) -> dict:
     elapsed = time.perf_counter() - started
     print(f"\nbench wall time: {elapsed:.1f} s", flush=True)
     result = {"bench": "loader", "quick": args.quick, "provenance": prov, "machine": info,
-              "config": {"rows": args.rows, "ranks": args.ranks, "microbatches": args.microbatches,
+              "config": {"rows": args.rows, "seed": args.seed, "ranks": args.ranks, "microbatches": args.microbatches,
                          "samples_per_step": args.samples_per_step, "movielens_samples_per_step": MOVIELENS_G,
                          "raysplit_batch_size": args.samples_per_step // args.ranks, "num_cpus": args.num_cpus,
                          "warmup_passes": args.warmups, "repeats": args.repeats, "columns": args.columns,
