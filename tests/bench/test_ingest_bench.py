@@ -59,10 +59,11 @@ def test_plain_dataset_is_what_pyarrow_wrote(tmp_path, events):
 def test_end_to_end_tiny(tmp_path):
     pytest.importorskip("pydantic", reason="Ray Data's iter_torch_batches needs the bench extra (pydantic)")
     pytest.importorskip("spdl", reason="the spdl contender needs the bench extra (spdl)")
+    pytest.importorskip("moto.server", reason="the ours_s3 contender needs the test extra (moto[server])")
     out = tmp_path / "bench.json"
     env = {**os.environ, "NUMBA_CACHE_DIR": os.environ.get("NUMBA_CACHE_DIR", "/tmp/numba-cache"),
            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-    contenders = ["floor", "spdl", "raysplit", "ours", "named2", "split2"]
+    contenders = ["floor", "spdl", "raysplit", "ours", "ours_s3", "named2", "split2"]
     # 2001 rows, so raysplit's and split2's equal splits over 2 drop exactly one
     proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--short-rows", "2001", "--datasets", "short",
                            "--contenders", ",".join(contenders), "--ranks", "2", "--microbatches", "2",
@@ -83,15 +84,16 @@ def test_end_to_end_tiny(tmp_path):
         assert row["rows_per_s"] > 0 and row["cpu_s"] >= 0 and row["cpu_s_per_mrow"] == pytest.approx(
             row["cpu_s"] / row["rows"] * 1e6)
         assert 0 < row["first_batch_s"] <= row["wall_s"]
-        assert row["consumers"] == (2 if contender in ("raysplit", "ours", "named2", "split2") else 1)
+        assert row["consumers"] == (2 if contender in ("raysplit", "ours", "ours_s3", "named2", "split2") else 1)
     for split in ("raysplit", "split2"):
         assert got[split]["rows"] == 2000 and got[split]["dropped_rows"] == 1
         assert got[split]["batch_size_per_split"] == 128
-    assert got["ours"]["rows"] == got["named2"]["rows"] == 2001
+    assert got["ours"]["rows"] == got["ours_s3"]["rows"] == got["named2"]["rows"] == 2001
     assert got["ours"]["equal_microbatches"] and got["named2"]["equal_microbatches"]
     entry = result["targets"]["datasets"]["short"]
     for key in ("ours_vs_spdl_rows_per_s", "ours_vs_spdl_cpu_per_row", "ours_first_batch_s", "named2_vs_spdl_rows_per_s",
-                "named2_vs_split2_rows_per_s", "named2_first_batch_s", "ours_vs_raysplit_rows_per_s"):
+                "named2_vs_split2_rows_per_s", "named2_first_batch_s", "ours_vs_raysplit_rows_per_s",
+                "ours_s3_vs_ours_rows_per_s"):
         least = 0 if "cpu" in key else 1e-12  # ours' CPU can be 0 ticks (above)
         assert entry[key]["value"] >= least and entry[key]["verdict"] in ("PASS", "FAIL"), key
     assert "named8_vs_spdl_rows_per_s" not in entry and "ours_vs_floor_mem_rise" not in entry  # not run / not mem
