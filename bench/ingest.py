@@ -584,8 +584,6 @@ def run_named(ds: dict, cols: list[str], cfg: dict, clock: dict, *, procs: int) 
         raise ValueError("the named-loader cases decode every column (--columns all)")
     key = (ds["path"], procs, cfg["M"], cfg["G"], cfg["seed"])
     if key not in _RANK_PROCESSES:
-        for other in list(_RANK_PROCESSES):
-            _RANK_PROCESSES.pop(other).close()
         _RANK_PROCESSES[key] = RankProcesses(ds, cfg, procs)
     results = _RANK_PROCESSES[key].run_pass(clock)
     mbs = [r["microbatches"] for r in results]
@@ -596,8 +594,15 @@ def run_named(ds: dict, cols: list[str], cfg: dict, clock: dict, *, procs: int) 
 
 
 def close_rank_processes() -> None:
+    """End the named cases' trainer processes and the split cases' consumer actors: after each contender, so
+    the next one's passes (and its memory figures) do not carry them."""
+    import ray
+
     while _RANK_PROCESSES:
         _RANK_PROCESSES.popitem()[1].close()
+    while _SPLIT_CONSUMERS:
+        for actor in _SPLIT_CONSUMERS.popitem()[1]:
+            ray.kill(actor)
 
 
 def _split_consumer():
@@ -1070,6 +1075,8 @@ def main(argv=None) -> dict:
                         row = {**base, **measure(name, ds, cols, cfg, args.warmups, n_rep)}
                     except Exception as exc:  # one contender failing must not lose the others' figures
                         row = {**base, "available": True, "error": f"{type(exc).__name__}: {exc}"}
+                    finally:
+                        close_rank_processes()
                 result_rows.append(row)
                 print_row(row)
                 if row.get("warmup_first_batch_s"):
