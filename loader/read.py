@@ -36,15 +36,21 @@ def readahead_units(index: SourceIndex, readers: int) -> int:
     return max(1, min(2 * readers, READ_AHEAD_BYTES // max(largest, 1)))
 
 
+_SLACK = 1024  # bytes fetched past a row group's last column chunk: pyarrow pads the chunks of some old writers'
+# files by up to 100 bytes (PARQUET-816) and would read them
+
+
 @dataclass
 class Fetched:
-    """The bytes ``[start, start + data.size)`` of a unit's file: every carried column chunk of its row
-    group, and the file's footer (``data`` None: they could not be read, and ``skip_corrupt`` skips the unit)."""
+    """The bytes ``[start, start + data.size)`` of a unit's file of ``size`` bytes: every carried column chunk
+    of its row group, and the file's footer (``data`` None: they could not be read, and ``skip_corrupt`` skips
+    the unit)."""
 
     unit: int
     start: int
     data: pa.Buffer | None
     metadata: pq.FileMetaData | None
+    size: int = 0
 
 
 def read_unit(index: SourceIndex, unit: int, *, max_seq_len: int | None, skip_corrupt: bool) -> Chunk:
@@ -61,17 +67,18 @@ def fetch_unit(index: SourceIndex, unit: int, *, skip_corrupt: bool) -> Fetched:
         metadata = file.footer()
         start, stop = _chunk_range(metadata.row_group(u.row_group), set(_names(index)))
         with file.filesystem.open_input_file(file.path) as stream:
+            size = stream.size()
+            if stop > size:
+                raise OSError(f"its column chunks end at byte {stop}, past the file's end ({size} bytes)")
             stream.seek(start)
-            data = stream.read_buffer(stop - start)
-        if data.size != stop - start:
-            raise OSError(f"read {data.size} of the {stop - start} bytes at offset {start}: the file is short")
+            data = stream.read_buffer(min(stop + _SLACK, size) - start)
     except FileNotFoundError as exc:
         raise FileNotFoundError(f"{file.path}: the file disappeared after the loader indexed it") from exc
     except _DECODE_ERRORS as exc:
         if skip_corrupt:
             return Fetched(unit, 0, None, None)
         raise _undecodable(index, unit, exc) from exc
-    return Fetched(unit, start, data, metadata)
+    return Fetched(unit, start, data, metadata, size)
 
 
 def decode_unit(index: SourceIndex, fetched: Fetched, *, max_seq_len: int | None, skip_corrupt: bool) -> Chunk:
@@ -87,7 +94,7 @@ def decode_unit(index: SourceIndex, fetched: Fetched, *, max_seq_len: int | None
     if fetched.data is None:
         return corrupt(u.rows)
     try:
-        source = pa.PythonFile(_RangeFile(fetched.data, fetched.start), mode="r")
+        source = pa.PythonFile(_RangeFile(fetched.data, fetched.start, fetched.size), mode="r")
         parquet = pq.ParquetFile(source, metadata=fetched.metadata)
         table = parquet.read_row_group(u.row_group, columns=_names(index), use_threads=False)
     except _DECODE_ERRORS as exc:
@@ -130,13 +137,13 @@ def _chunk_range(group: pq.RowGroupMetaData, names: set[str]) -> tuple[int, int]
 
 
 class _RangeFile:
-    """A read-only file object over bytes ``[start, start + len(data))`` of a file, for ``pa.PythonFile``:
-    reads outside that range fail (the reader would have asked for bytes it was not given)."""
+    """A read-only file object of ``size`` bytes holding bytes ``[start, start + data.size)``, for
+    ``pa.PythonFile``: reads outside that range fail (the reader would have asked for bytes it was not given)."""
 
     closed = False
 
-    def __init__(self, data: pa.Buffer, start: int) -> None:
-        self.data, self.start, self.position = data, start, start
+    def __init__(self, data: pa.Buffer, start: int, size: int) -> None:
+        self.data, self.start, self.position, self.length = data, start, start, size
 
     def readable(self) -> bool:
         return True
@@ -152,7 +159,7 @@ class _RangeFile:
         return self.position
 
     def size(self) -> int:
-        return self.start + self.data.size
+        return self.length
 
     def read_buffer(self, nbytes: int = -1) -> pa.Buffer:
         """The next ``nbytes`` as a zero-copy slice (``pa.PythonFile`` uses this where a file has it)."""
@@ -161,7 +168,7 @@ class _RangeFile:
             nbytes = self.data.size - at
         if at < 0 or at + nbytes > self.data.size:
             raise OSError(f"read of {nbytes} bytes at offset {self.position} outside the fetched range "
-                          f"[{self.start}, {self.size()})")
+                          f"[{self.start}, {self.start + self.data.size})")
         self.position += nbytes
         return self.data.slice(at, nbytes)
 
