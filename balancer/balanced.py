@@ -13,9 +13,11 @@ or nothing helps), compete:
 - *fill* (no cap, no ``equal_count``): ``kernels.runs.deficit_fill`` deals samples, longest first,
   round-robin over the bins still missing at least their cost. O(1) per sample, no sort; below
   ``LPT_ONLY_SAMPLES``.
-- *lpt* (always): capped LPT onto identical bins (``kernels.runs.ring_lpt``), so ``balanced`` is never worse
-  than ``lpt`` (the winner may not have a higher peak than this start); the only start from
-  ``LPT_ONLY_SAMPLES`` on.
+- *lpt* (always, but for one case): capped LPT onto identical bins (``kernels.runs.ring_lpt``), so ``balanced``
+  is never worse than ``lpt`` (the winner may not have a higher peak than this start); the only start from
+  ``LPT_ONLY_SAMPLES`` on. Where a sample costs more than a mean bin and a column start already reached the
+  peak bound exactly, the flat starts (fill, lpt) are skipped: they cannot lower the peak, and their one level
+  never beat the column starts' lockstep time there (no strict win in any step of ``bench/epoch.py``).
 - *columns* (a sample above the mean bin cost, ``equal_count`` below ``LPT_ONLY_SAMPLES`` samples, or
   < ``FILL_ONLY_PER_BIN`` samples per bin): LPT onto the water-filled levels.
 - *column fill* (same cases): ``kernels.colfill.column_fill`` fills slot 0 of
@@ -133,7 +135,14 @@ class _Starts:
             # column fill; where a rank's share fits below the costliest sample, the stacked fill is one LPT over
             # ranks and the column fill (which then reaches both floors) runs first
             first = ["column_fill", "stack"] if self.time_floor <= self.costliest else ["stack", "column_fill"]
-            yield from first + flat + columned[:-1]
+            yield from first
+            if self.best_peak <= self.lower_bound:
+                # a start already sits exactly on the peak bound, which no flat start can undercut; their one
+                # level then fills every slot to it, and they never beat the column starts' lockstep time (no
+                # strict win in any step of bench/epoch.py's table): skipped, the bound stands as their ceiling
+                self.ceiling = self.lower_bound
+                flat = []
+            yield from flat + columned[:-1]
             if self.best_peak > self.lower_bound * (1.0 + CHOICE_TOLERANCE) and np.isfinite(self.best_peak):
                 yield "restack"  # no start reached the bound: stacked again, up to the lowest peak reached
             return

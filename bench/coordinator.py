@@ -1,9 +1,11 @@
-"""The coordinator's own cost at scale: ``loader.service.Service`` serving 256 ranks on 32 nodes, no Ray.
+"""The coordinator's own cost at scale: ``loader.control.service.Service`` serving 256 ranks on 32 nodes, no Ray.
 
 docs/loader.md ("Scale projection: 32 nodes x 8 ranks") estimated what the control plane costs per step and per
 rank-message at R = 256; this bench measures it. It drives the real ``Service`` (the same object the Ray
 coordinator actor and the in-process ``LocalControl`` wrap) in one asyncio event loop, with stand-ins for
 what Ray does around it:
+
+Its readers (``loader.control.protocol.Readers``):
 
 - ``fetch(unit, node)`` returns at once the unit's ``UnitMeta`` (every row valid, lengths drawn before the
   timed run, as a reader would have decoded them), a small handle, and the node it was asked to read on
@@ -25,7 +27,7 @@ projection assumes); ``--shape short``: median 15 (mean ~31). ``--median`` overr
 (lengths and cuts as readers report them; default none, as the projection). Untruncated, a long step's costliest
 samples (L² up to 21,000²) exceed a rank's share, so the plan leaves many bins empty (bubble ~0.8-0.9 whatever
 the planner: docs/benchmarks.md, planner table). Cost model L² (the loader's default), ``prefetch_steps`` 2, the
-loader's message sizes (``loader.service.MESSAGE_BYTES``: a run's first message one step, then doubling, up to
+loader's message sizes (``loader.control.service.MESSAGE_BYTES``: a run's first message one step, then doubling, up to
 4 MiB of events per rank or 256 steps).
 
 Shuffle window (``--shuffle-window``, default ``nodes x rows-per-group``): blocks of that many rows, so each
@@ -86,7 +88,10 @@ from loader.clean import UnitMeta
 from loader.config import LoaderConfig
 from loader.pipeline import warm_up
 from loader.schema import Columns
-from loader.service import MESSAGE_BYTES, RunKey, Service, Where
+from loader.control.protocol import End, Fetched, Health, Opened, Packed, Step, Where
+from loader.control.production import MESSAGE_BYTES
+from loader.control.runs import RunKey
+from loader.control.service import Service
 from loader.sources import DataFile, SourceIndex, Unit
 
 REPO = Path(__file__).resolve().parent.parent
@@ -108,6 +113,26 @@ class Ref:
 
     def __init__(self, id: bytes, reader: int, pid: int) -> None:
         self.id, self.reader, self.pid = id, reader, pid
+
+
+class StandInReaders:
+    """The readers, answering at once: each unit's meta as drawn, small handles (see the module docstring)."""
+
+    def __init__(self, metas: list[UnitMeta]) -> None:
+        self.metas = metas
+        self.refs = iter(range(1 << 62))
+
+    async def fetch(self, unit: int, node) -> Fetched:
+        return Fetched(self.metas[unit], Ref(unit.to_bytes(28, "little"), 0, 1), node)
+
+    async def pack(self, node, pieces: dict, handles: dict) -> Packed:
+        return Packed({rank: Ref(next(self.refs).to_bytes(28, "little"), 0, 1) for rank in pieces})
+
+    async def renew(self, held: dict) -> dict:
+        return {}
+
+    async def alive(self, wheres: list[Where]) -> Health:
+        return Health()
 
 
 def make_index(unit_rows: list[int]) -> SourceIndex:
@@ -160,15 +185,7 @@ async def serve(index: SourceIndex, config: LoaderConfig, metas: list[UnitMeta],
     """One run of every rank over epoch 0; returns timings, what each rank received and (``keep``) every message."""
     per_node = config.ranks // nodes
     node_of = [f"node-{rank // per_node}" for rank in range(config.ranks)]
-    refs = iter(range(1 << 62))
-
-    async def fetch(unit: int, node):
-        return metas[unit], Ref(unit.to_bytes(28, "little"), 0, 1), node
-
-    async def pack(node, pieces: dict, handles: dict) -> dict:
-        return {rank: Ref(next(refs).to_bytes(28, "little"), 0, 1) for rank in pieces}
-
-    service = Service(index, config, fetch=fetch, pack=pack, readahead=readahead)
+    service = Service(index, config, StandInReaders(metas), readahead=readahead, watch=False)
     steps_of = [[] for _ in range(config.ranks)]
     rows_of = [0] * config.ranks
     messages_of = [0] * config.ranks
@@ -177,16 +194,17 @@ async def serve(index: SourceIndex, config: LoaderConfig, metas: list[UnitMeta],
     first: list[float] = []  # when each rank got its first message
 
     async def consume(rank: int) -> None:
-        kind, run_id = await service.open([rank], RunKey(0), TIMEOUT_S, Where(node=node_of[rank]))
-        if kind != "open":
-            raise RuntimeError(f"rank {rank} could not open the run: {run_id}")
+        opened = await service.open([rank], RunKey(0), TIMEOUT_S, Where(node=node_of[rank]))
+        if not isinstance(opened, Opened):
+            raise RuntimeError(f"rank {rank} could not open the run: {opened}")
         step = 0
         while True:
-            kind, value = await service.next(rank, run_id, step, TIMEOUT_S)
-            if kind == "end":
+            reply = await service.next(rank, opened.run, step, TIMEOUT_S)
+            if isinstance(reply, End):
                 return
-            if kind != "step":
-                raise RuntimeError(f"rank {rank} at step {step}: {kind}: {value}")
+            if not isinstance(reply, Step):
+                raise RuntimeError(f"rank {rank} at step {step}: {reply}")
+            value = reply.message
             steps_of[rank].extend(value.steps.tolist())
             rows_of[rank] += len(value.source)
             messages_of[rank] += 1

@@ -21,8 +21,8 @@ Three parts, one run, one device:
 
    - ``sm``: an SM copy kernel, ``torch.add(src, 0, out=dst)`` on int32 views (an elementwise kernel; torch's
      ``copy_`` of two contiguous device tensors would be a cudaMemcpyAsync, which is what we compare against);
-   - ``ce_d2d``: ``cudaMemcpyAsync`` device to device on one GPU (``cuda_ext`` ``fs_memcpy_async`` on a stream of
-     ``fs_stream_create``), what the ``ce`` exchange issues when ranks share a GPU;
+   - ``ce_d2d``: ``cudaMemcpyAsync`` device to device on one GPU (``cuda_ext`` ``fs_memcpy_async`` on a
+     ``torch.cuda.Stream`` of the given priority), what the ``ce`` exchange issues when ranks share a GPU;
    - ``ce_d2h``: ``cudaMemcpyAsync`` device to pinned host (a copy engine over PCIe/C2C);
    - ``staged``: host-staged, device to pinned host then pinned host to device, both ``fs_memcpy_async`` on the
      transfer stream (the cross-node path of ``ce``); GB/s counts the payload once.
@@ -50,7 +50,9 @@ Three parts, one run, one device:
 3. **Compression.** ``--rows`` (1M) x ``--dim`` (128) rows ~ N(0, ``--std`` 0.05) in ``--compress-dtype``
    (float32) on CUDA, for eb in ``--ebs`` (1e-2, 1e-3): GB/s of ``cuda_ext.compress.compress`` and
    ``decompress`` (the full payload API, host synchronisation included) and of the bare kernels
-   (``encode_rows_cuda``, ``decode_rows_cuda``), counted in input (uncompressed) bytes per second, medians
+   (compress.cu's ``encode_rows_cuda``, ``decode_rows_cuda`` and the Triton port's ``encode_rows_triton``,
+   ``decode_rows_triton``, which ``compress`` uses when triton is installed; ``triton_equals_cu`` compares their
+   outputs on the first 4096 rows), counted in input (uncompressed) bytes per second, medians
    of ``--repeats``; ``ratio_vs_bf16``; the per-row bound checked on the round trip; the payload of the first
    4096 rows equal to the CPU reference's bytes. Targets: >= 200 GB/s compress and decompress, ratio >= 2x at
    1e-2.
@@ -233,10 +235,8 @@ class Transfer:
     """One transfer mode: issue() queues one chunk of chunk_bytes on its own stream."""
 
     def __init__(self, mode: str, chunk_bytes: int, device: torch.device, priority: int):
-        from cuda_ext import bindings
-
-        self.mode, self.chunk_bytes = mode, chunk_bytes
-        self.stream = torch.cuda.ExternalStream(bindings.stream_create(device.index, priority), device=device)
+        self.mode, self.chunk_bytes, self.device = mode, chunk_bytes, device
+        self.stream = torch.cuda.Stream(device=device, priority=priority)  # as the ce exchange makes its own
         words = chunk_bytes // 4
         self.src = torch.randint(-2**31, 2**31 - 1, (words,), dtype=torch.int32, device=device)  # (words,)
         self.dst = torch.empty_like(self.src) if mode in ("sm", "ce_d2d", "staged") else None
@@ -249,13 +249,13 @@ class Transfer:
             with torch.cuda.stream(self.stream):
                 torch.add(self.src, 0, out=self.dst)  # an elementwise kernel on SMs
             return
-        raw = self.stream.cuda_stream
+        raw, index = self.stream.cuda_stream, self.device.index
         if self.mode == "ce_d2d":
-            memcpy_async(self.dst.data_ptr(), self.src.data_ptr(), self.chunk_bytes, raw)
+            memcpy_async(index, self.dst.data_ptr(), self.src.data_ptr(), self.chunk_bytes, raw)
         else:
-            memcpy_async(self.host.data_ptr(), self.src.data_ptr(), self.chunk_bytes, raw)
+            memcpy_async(index, self.host.data_ptr(), self.src.data_ptr(), self.chunk_bytes, raw)
             if self.mode == "staged":
-                memcpy_async(self.dst.data_ptr(), self.host.data_ptr(), self.chunk_bytes, raw)
+                memcpy_async(index, self.dst.data_ptr(), self.host.data_ptr(), self.chunk_bytes, raw)
 
     def alone_gbps(self, chunks: int = 8) -> float:
         self.issue()  # warm-up
@@ -270,10 +270,7 @@ class Transfer:
         return gbps(chunks * self.chunk_bytes, start.elapsed_time(stop) / 1e3)
 
     def close(self) -> None:
-        from cuda_ext.bindings import stream_destroy
-
         self.stream.synchronize()
-        stream_destroy(self.stream.cuda_stream)
 
 
 def run_steps(step, steps: int, transfer: Transfer | None = None, chunks: int = 0) -> dict:
@@ -532,8 +529,8 @@ def _cuda_seconds(fn, repeats: int) -> float:
 
 
 def compress_one(args, eb: float, x: torch.Tensor) -> dict:
-    from cuda_ext.compress import (code_bits, compress, decode_rows_cuda, decompress, encode_rows_cuda,
-                                   ratio_vs_bf16)
+    from cuda_ext.compress import (code_bits, compress, decode_rows_cuda, decode_rows_triton, decompress,
+                                   encode_rows_cuda, encode_rows_triton, ratio_vs_bf16)
 
     nbytes = x.numel() * x.element_size()
     bits = code_bits(eb)
@@ -550,7 +547,12 @@ def compress_one(args, eb: float, x: torch.Tensor) -> dict:
            "decompress_gbps": gbps(nbytes, _cuda_seconds(lambda: decompress(payload), args.repeats)),
            "encode_kernel_gbps": gbps(nbytes, _cuda_seconds(lambda: encode_rows_cuda(x, eb, bits), args.repeats)),
            "decode_kernel_gbps": gbps(nbytes, _cuda_seconds(
-               lambda: decode_rows_cuda(lo, step, packed, bits, x.shape[1], x.dtype), args.repeats))}
+               lambda: decode_rows_cuda(lo, step, packed, bits, x.shape[1], x.dtype), args.repeats)),
+           "encode_triton_gbps": gbps(nbytes, _cuda_seconds(lambda: encode_rows_triton(x, eb, bits), args.repeats)),
+           "decode_triton_gbps": gbps(nbytes, _cuda_seconds(
+               lambda: decode_rows_triton(lo, step, packed, bits, x.shape[1], x.dtype), args.repeats)),
+           "triton_equals_cu": all(torch.equal(a, b) for a, b in zip(encode_rows_triton(head, eb, bits),
+                                                                     encode_rows_cuda(head, eb, bits)))}
     row["pass_speed"] = min(row["compress_gbps"], row["decompress_gbps"]) >= TARGET_COMPRESS_GBPS
     if eb >= 1e-2:
         row["pass_ratio"] = row["ratio_vs_bf16"] >= TARGET_RATIO
@@ -565,7 +567,8 @@ def compress_part(args) -> list[dict]:
     print(f"\n== 3. compression of {args.rows:,} x {args.dim} {args.compress_dtype} rows ~ N(0, {args.std}) "
           f"(GB/s of input bytes; targets >= {TARGET_COMPRESS_GBPS:.0f} GB/s, ratio >= {TARGET_RATIO}x at 1e-2)",
           flush=True)
-    print(f"   {'eb':>7} {'bits':>4} {'ratio':>6} {'compress':>9} {'decompr.':>9} {'enc kern':>9} {'dec kern':>9} "
+    print(f"   {'eb':>7} {'bits':>4} {'ratio':>6} {'compress':>9} {'decompr.':>9} {'enc .cu':>9} {'dec .cu':>9} "
+          f"{'enc tri.':>9} {'dec tri.':>9} "
           f"{'bound':>6} {'=cpu':>5}  verdict")
     rows = []
     for eb in args.ebs:
@@ -577,6 +580,7 @@ def compress_part(args) -> list[dict]:
                 verdict += ", ratio " + ("PASS" if got["pass_ratio"] else "FAIL")
             print(f"   {eb:7.0e} {got['bits']:>4} {got['ratio_vs_bf16']:6.2f} {got['compress_gbps']:9.1f} "
                   f"{got['decompress_gbps']:9.1f} {got['encode_kernel_gbps']:9.1f} {got['decode_kernel_gbps']:9.1f} "
+                  f"{got['encode_triton_gbps']:9.1f} {got['decode_triton_gbps']:9.1f} "
                   f"{str(got['bound_holds']):>6} {str(got['equals_cpu_reference']):>5}  {verdict}", flush=True)
     return rows
 

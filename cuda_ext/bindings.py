@@ -2,9 +2,10 @@
 declares the C signatures and calls into the library.
 
 Every C function returns its `cudaError_t` as an int; `cuda_call` raises `RuntimeError` naming the function
-and `cudaGetErrorString` when it is not 0. Handles (device pointers, streams, events) are plain ints here;
-the functions below take and return them as such. The library is built and loaded on first use, so importing
-this module needs neither nvcc nor a GPU.
+and `cudaGetErrorString` when it is not 0. Every one takes the device it works on as its first argument (the
+library sets it for the call and gives the caller its current device back: cuda_ext/device_guard.cuh), so
+nothing here depends on torch's current device. Handles (device pointers, streams) are plain ints here. The
+library is built and loaded on first use, so importing this module needs neither nvcc nor a GPU.
 """
 from __future__ import annotations
 
@@ -16,26 +17,20 @@ from cuda_ext.build import load
 HANDLE_BYTES = 64  # a cudaIpcMemHandle_t
 _ptr = ctypes.c_void_p
 _i64 = ctypes.c_longlong
-_SIGNATURES = {  # name: argtypes; every function returns its cudaError_t as an int
-    # ce.cu: memory, IPC, streams, events, copies
-    "fs_stream_priority_range": [ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int)],
-    "fs_malloc": [ctypes.c_int, ctypes.c_size_t, ctypes.POINTER(_ptr)],
-    "fs_free": [ctypes.c_int, _ptr],
-    "fs_ipc_get_handle": [ctypes.c_int, _ptr, ctypes.c_char * HANDLE_BYTES],
-    "fs_ipc_open": [ctypes.c_int, ctypes.c_char * HANDLE_BYTES, ctypes.POINTER(_ptr)],
-    "fs_ipc_close": [ctypes.c_int, _ptr],
-    "fs_stream_create": [ctypes.c_int, ctypes.c_int, ctypes.POINTER(_ptr)],
-    "fs_stream_destroy": [_ptr],
-    "fs_event_create": [ctypes.c_int, ctypes.POINTER(_ptr)],
-    "fs_event_destroy": [_ptr],
-    "fs_event_record": [_ptr, _ptr],
-    "fs_event_synchronize": [_ptr],
-    "fs_stream_wait_event": [_ptr, _ptr],
-    "fs_memcpy_async": [_ptr, _ptr, ctypes.c_size_t, _ptr],
+_device = ctypes.c_int
+SIGNATURES = {  # name: argtypes, the device first; every function returns its cudaError_t as an int
+    # ce.cu: receive buffers, IPC, copies (streams and events are torch's)
+    "fs_stream_priority_range": [_device, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int)],
+    "fs_malloc": [_device, ctypes.c_size_t, ctypes.POINTER(_ptr)],
+    "fs_free": [_device, _ptr],
+    "fs_ipc_get_handle": [_device, _ptr, ctypes.c_char * HANDLE_BYTES],
+    "fs_ipc_open": [_device, ctypes.c_char * HANDLE_BYTES, ctypes.POINTER(_ptr)],
+    "fs_ipc_close": [_device, _ptr],
+    "fs_memcpy_async": [_device, _ptr, _ptr, ctypes.c_size_t, _ptr],
     # compress.cu: the error-bounded codec's kernels
-    "fs_eb_encode": [_ptr, ctypes.c_int, _i64, _i64, ctypes.c_float, ctypes.c_double, ctypes.c_int,
+    "fs_eb_encode": [_device, _ptr, ctypes.c_int, _i64, _i64, ctypes.c_float, ctypes.c_double, ctypes.c_int,
                      _ptr, _ptr, _ptr, _i64, _ptr, _ptr],
-    "fs_eb_decode": [_ptr, _ptr, _ptr, _i64, _i64, _i64, ctypes.c_int, ctypes.c_int, _ptr, _ptr],
+    "fs_eb_decode": [_device, _ptr, _ptr, _ptr, _i64, _i64, _i64, ctypes.c_int, ctypes.c_int, _ptr, _ptr],
 }
 
 
@@ -43,25 +38,29 @@ _SIGNATURES = {  # name: argtypes; every function returns its cudaError_t as an 
 def library() -> ctypes.CDLL:
     """The library with every signature declared (built with nvcc on the first call of the process)."""
     lib = load()
-    for name, argtypes in _SIGNATURES.items():
+    for name, argtypes in SIGNATURES.items():
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = argtypes, ctypes.c_int
     lib.fs_error_string.argtypes, lib.fs_error_string.restype = [ctypes.c_int], ctypes.c_char_p
     return lib
 
 
-def cuda_call(name: str, *args) -> None:
-    """lib.name(*args); a nonzero cudaError_t raises RuntimeError with the call and cudaGetErrorString."""
+def cuda_call(name: str, device: int, *args) -> None:
+    """lib.name(device, *args); a nonzero cudaError_t raises RuntimeError with the call and cudaGetErrorString."""
+    if isinstance(device, bool) or not isinstance(device, int) or device < 0:
+        raise ValueError(f"{name} needs a CUDA device index >= 0, got {device!r}; pass torch.device.index of the "
+                         f"rank's device (trainer.place.Placement.device)")
     lib = library()
-    code = getattr(lib, name)(*args)
+    code = getattr(lib, name)(device, *args)
     if code != 0:
-        raise RuntimeError(f"{name} failed: {lib.fs_error_string(code).decode()} (cudaError_t {code})")
+        raise RuntimeError(f"{name} failed on cuda:{device}: {lib.fs_error_string(code).decode()} "
+                           f"(cudaError_t {code})")
 
 
-def _new(name: str, *args) -> int:
-    """A handle (pointer, stream, event) returned through the last argument of lib.name."""
+def _new(name: str, device: int, *args) -> int:
+    """A handle (pointer) returned through the last argument of lib.name."""
     out = _ptr()
-    cuda_call(name, *args, ctypes.byref(out))
+    cuda_call(name, device, *args, ctypes.byref(out))
     return out.value or 0
 
 
@@ -96,48 +95,19 @@ def ipc_close(device: int, ptr: int) -> None:
     cuda_call("fs_ipc_close", device, ptr)
 
 
-def stream_create(device: int, priority: int) -> int:
-    """A non-blocking stream of `priority` on `device`."""
-    return _new("fs_stream_create", device, priority)
+def memcpy_async(device: int, dst: int, src: int, nbytes: int, stream: int) -> None:
+    """cudaMemcpyAsync of nbytes on `stream`, a stream of `device` (the kind is inferred from the pointers)."""
+    cuda_call("fs_memcpy_async", device, dst, src, nbytes, stream)
 
 
-def stream_destroy(stream: int) -> None:
-    cuda_call("fs_stream_destroy", stream)
+def eb_encode(device: int, x: int, dtype: int, rows: int, cols: int, step_factor: float, eb: float, bits: int,
+              lo: int, step: int, packed: int, row_bytes: int, status: int, stream: int) -> None:
+    """compress.cu's fs_eb_encode on device pointers of `device` (see cuda_ext.compress.encode_rows_cuda)."""
+    cuda_call("fs_eb_encode", device, x, dtype, rows, cols, step_factor, eb, bits, lo, step, packed, row_bytes,
+              status, stream)
 
 
-def event_create(device: int) -> int:
-    return _new("fs_event_create", device)
-
-
-def event_destroy(event: int) -> None:
-    cuda_call("fs_event_destroy", event)
-
-
-def event_record(event: int, stream: int) -> None:
-    cuda_call("fs_event_record", event, stream)
-
-
-def event_synchronize(event: int) -> None:
-    cuda_call("fs_event_synchronize", event)
-
-
-def stream_wait_event(stream: int, event: int) -> None:
-    cuda_call("fs_stream_wait_event", stream, event)
-
-
-def memcpy_async(dst: int, src: int, nbytes: int, stream: int) -> None:
-    """cudaMemcpyAsync of nbytes on `stream` (the kind is inferred from the pointers)."""
-    cuda_call("fs_memcpy_async", dst, src, nbytes, stream)
-
-
-def eb_encode(x: int, dtype: int, rows: int, cols: int, step_factor: float, eb: float, bits: int, lo: int,
-              step: int, packed: int, row_bytes: int, status: int, stream: int) -> None:
-    """compress.cu's fs_eb_encode on device pointers (see cuda_ext.compress.encode_rows_cuda)."""
-    cuda_call("fs_eb_encode", x, dtype, rows, cols, step_factor, eb, bits, lo, step, packed, row_bytes, status,
-              stream)
-
-
-def eb_decode(lo: int, step: int, packed: int, rows: int, cols: int, row_bytes: int, bits: int, dtype: int,
-              out: int, stream: int) -> None:
-    """compress.cu's fs_eb_decode on device pointers (see cuda_ext.compress.decode_rows_cuda)."""
-    cuda_call("fs_eb_decode", lo, step, packed, rows, cols, row_bytes, bits, dtype, out, stream)
+def eb_decode(device: int, lo: int, step: int, packed: int, rows: int, cols: int, row_bytes: int, bits: int,
+              dtype: int, out: int, stream: int) -> None:
+    """compress.cu's fs_eb_decode on device pointers of `device` (see cuda_ext.compress.decode_rows_cuda)."""
+    cuda_call("fs_eb_decode", device, lo, step, packed, rows, cols, row_bytes, bits, dtype, out, stream)

@@ -20,6 +20,8 @@
 #include <float.h>
 #include <stdint.h>
 
+#include "device_guard.cuh"
+
 namespace {
 
 constexpr int kThreads = 256;
@@ -148,12 +150,14 @@ int grid_for(long long blocks) { return (int)(blocks < kMaxGrid ? blocks : kMaxG
 
 }  // namespace
 
-// x: (rows, cols) of dtype 0/1/2 on the device; writes lo, step (rows,), packed (rows, row_bytes), status
-// (rows,). k = float32(1 / (2^bits - 1)); eb: the bound as a double. Returns a cudaError_t code.
-extern "C" int fs_eb_encode(const void* x, int dtype, long long rows, long long cols, float k, double eb, int bits,
-                            float* lo, float* step, unsigned char* packed, long long row_bytes,
+// device: where x, the outputs and stream live (current for the launch, the caller's device restored after).
+// x: (rows, cols) of dtype 0/1/2; writes lo, step (rows,), packed (rows, row_bytes), status (rows,). k = float32(1 / (2^bits - 1)); eb: the bound as a double. Returns a cudaError_t code.
+extern "C" int fs_eb_encode(int device, const void* x, int dtype, long long rows, long long cols, float k, double eb,
+                            int bits, float* lo, float* step, unsigned char* packed, long long row_bytes,
                             unsigned char* status, cudaStream_t stream) {
     if (rows <= 0) return (int)cudaSuccess;
+    DeviceGuard guard(device);  // kernels launch on the current device: the stream's, the caller's back after
+    if (guard.error() != cudaSuccess) return (int)guard.error();
     if (bits < 1 || bits > 16 || cols < 1) return (int)cudaErrorInvalidValue;
     const int grid = grid_for(rows);
     switch (dtype) {
@@ -170,10 +174,12 @@ extern "C" int fs_eb_encode(const void* x, int dtype, long long rows, long long 
 }
 
 // The inverse of fs_eb_encode for quantised rows: out (rows, cols) of dtype 0/1/2 = lo + code * step.
-extern "C" int fs_eb_decode(const float* lo, const float* step, const unsigned char* packed, long long rows,
-                            long long cols, long long row_bytes, int bits, int dtype, void* out,
+extern "C" int fs_eb_decode(int device, const float* lo, const float* step, const unsigned char* packed,
+                            long long rows, long long cols, long long row_bytes, int bits, int dtype, void* out,
                             cudaStream_t stream) {
     if (rows <= 0 || cols <= 0) return (int)cudaSuccess;
+    DeviceGuard guard(device);
+    if (guard.error() != cudaSuccess) return (int)guard.error();
     if (bits < 1 || bits > 16) return (int)cudaErrorInvalidValue;
     const int grid = grid_for((rows * cols + kThreads - 1) / kThreads);
     switch (dtype) {

@@ -16,8 +16,10 @@ spacing is coarse next to the bound, a 16-bit output grid coarser than the bound
 dtype. The 2^-8 slack in `code_bits` makes such rows rare (at eb = 1e-2, none in float32 rows whose |values|
 stay within ~1000x their range). Constant rows (hi == lo) reconstruct exactly.
 
-The CUDA kernels (compress.cu) and the torch reference below compute the same values with the same
-correctly rounded float32/float64 operations in the same order, so CPU and GPU payloads are identical bytes.
+Two GPU codecs and the torch reference below compute the same values with the same correctly rounded
+float32/float64 operations in the same order, so CPU and GPU payloads are identical bytes: the Triton kernels
+of compress_triton.py (used on CUDA when triton is installed and rows have at most TRITON_MAX_COLS values;
+checked bit for bit against the reference in CI through Triton's interpreter) and compress.cu's (otherwise).
 
 Payload: one flat uint8 tensor, a multiple of ALIGN bytes, that can travel through an all-to-all:
 
@@ -29,6 +31,7 @@ Payload: one flat uint8 tensor, a multiple of ALIGN bytes, that can travel throu
 """
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import math
 import struct
@@ -49,6 +52,7 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # header dtype code = i
 STEP_SLACK = 2.0 ** -8  # half a step stays this fraction under the bound, room for float32 rounding
 VERIFY_MARGIN = 1.0 - 2.0 ** -50  # float64 check margin (compress.cu kCheck): covers 3 roundings of 2^-53
 MAX_BITS = 16
+TRITON_MAX_COLS = 8192  # compress_triton.py tiles a whole row; wider rows go to compress.cu
 
 
 def code_bits(eb: float) -> int:
@@ -154,8 +158,9 @@ def encode_rows_cuda(x: Tensor, eb: float, bits: int) -> tuple[Tensor, Tensor, T
     step = torch.empty_like(lo)
     packed = torch.empty((rows, row_bytes), dtype=torch.uint8, device=x.device)
     status = torch.empty(rows, dtype=torch.uint8, device=x.device)
-    bindings.eb_encode(x.data_ptr(), _dtype_code(x), rows, cols, _step_factor(bits).item(), eb, bits, lo.data_ptr(),
-                       step.data_ptr(), packed.data_ptr(), row_bytes, status.data_ptr(), _stream(x.device))
+    bindings.eb_encode(x.device.index, x.data_ptr(), _dtype_code(x), rows, cols, _step_factor(bits).item(), eb, bits,
+                       lo.data_ptr(), step.data_ptr(), packed.data_ptr(), row_bytes, status.data_ptr(),
+                       _stream(x.device))
     return lo, step, packed, status
 
 
@@ -163,9 +168,28 @@ def decode_rows_cuda(lo: Tensor, step: Tensor, packed: Tensor, bits: int, cols: 
     """decode_rows_reference on CUDA tensors with compress.cu's kernel."""
     lo, step, packed = lo.contiguous(), step.contiguous(), packed.contiguous()
     out = torch.empty((lo.shape[0], cols), dtype=dtype, device=lo.device)
-    bindings.eb_decode(lo.data_ptr(), step.data_ptr(), packed.data_ptr(), lo.shape[0], cols, packed.shape[1], bits,
-                       DTYPES.index(dtype), out.data_ptr(), _stream(lo.device))
+    bindings.eb_decode(lo.device.index, lo.data_ptr(), step.data_ptr(), packed.data_ptr(), lo.shape[0], cols,
+                       packed.shape[1], bits, DTYPES.index(dtype), out.data_ptr(), _stream(lo.device))
     return out
+
+
+def encode_rows_triton(x: Tensor, eb: float, bits: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """encode_rows_cuda with compress_triton.py's kernel (same outputs, status 2 included)."""
+    from cuda_ext import compress_triton
+
+    return compress_triton.encode_rows_triton(x, eb, bits, _step_factor(bits).item(), VERIFY_MARGIN)
+
+
+def decode_rows_triton(lo: Tensor, step: Tensor, packed: Tensor, bits: int, cols: int, dtype: torch.dtype) -> Tensor:
+    """decode_rows_cuda with compress_triton.py's kernel."""
+    from cuda_ext import compress_triton
+
+    return compress_triton.decode_rows_triton(lo, step, packed, bits, cols, dtype)
+
+
+def triton_codec_fits(cols: int) -> bool:
+    """Whether compress()/decompress() use the Triton kernels for rows of ``cols`` on CUDA (else compress.cu)."""
+    return cols <= TRITON_MAX_COLS and importlib.util.find_spec("triton") is not None
 
 
 # ---- lossless stage: zero-byte elimination (torch integer ops, identical on every device) ------------------
@@ -233,13 +257,15 @@ def compress(x: Tensor, eb: float) -> Tensor:
     """x (rows, d) float32/bfloat16/float16 -> self-describing payload (n_bytes,) uint8 on x's device.
 
     decompress(payload) has x's shape and dtype and |x - x_hat| <= eb * (max - min of the row) everywhere.
-    CUDA tensors use compress.cu's kernels, others the torch reference; both give the same bytes.
+    CUDA tensors use the Triton kernels (compress.cu's without triton or for rows wider than TRITON_MAX_COLS),
+    others the torch reference; all give the same bytes.
     """
     code = _dtype_code(x)
     bits = code_bits(eb)
     rows, cols = x.shape
     if x.is_cuda:
-        lo, step, packed, status = encode_rows_cuda(x, eb, bits)
+        encode = encode_rows_triton if triton_codec_fits(cols) else encode_rows_cuda
+        lo, step, packed, status = encode(x, eb, bits)
         if bool((status == 2).any()):
             _raise_non_finite(x)
     else:
@@ -271,7 +297,9 @@ def decompress(payload: Tensor) -> Tensor:
     row_bytes = -(-h.cols * h.bits // 8)
     lo, step = lo_b[:4 * h.rows].view(torch.float32), step_b[:4 * h.rows].view(torch.float32)
     packed = codes_b[:h.rows * row_bytes].reshape(h.rows, row_bytes)
-    decode = decode_rows_cuda if payload.is_cuda else decode_rows_reference
+    decode = decode_rows_reference
+    if payload.is_cuda:
+        decode = decode_rows_triton if triton_codec_fits(h.cols) else decode_rows_cuda
     out = decode(lo, step, packed, h.bits, h.cols, h.dtype)
     if h.n_raw:
         item = out.element_size()

@@ -16,6 +16,9 @@ from freescale import __version__, datasets, demo, planning, report, simulate
 from loader.spec import DEFAULT_COMPOSE_WINDOW
 from trainer import command
 
+# trainer.attention.AttentionImpl's values (not imported here: it loads torch; tests/freescale/test_cli.py checks)
+ATTENTION_IMPLS = ("auto", "grouped", "flex", "triton")
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -144,6 +147,9 @@ def _train(sub) -> None:
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--heads", type=int, default=2)
     p.add_argument("--attention", choices=("hstu", "softmax"), default="hstu")
+    p.add_argument("--attention-impl", choices=ATTENTION_IMPLS, default="auto",
+                   help="the attention kernel: auto (CUDA: the fused Triton kernel for HSTU, flex for softmax; "
+                        "CPU: grouped), grouped, flex (softmax only) or triton (HSTU only)")
     p.add_argument("--dropout", type=float, default=0.2, help="dropout of the model (default 0.2)")
     p.add_argument("--max-len", type=int, default=200, help="most recent events kept per history")
     p.add_argument("--negatives", type=int, default=128, help="uniform negatives per microbatch")

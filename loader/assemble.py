@@ -5,7 +5,7 @@ fixed cost of a message is paid once for K steps). It names every row of the ran
 delivery order, as (source, row): ``sources`` are decoded row groups (:class:`loader.rows.Rows`)
 on the rank's own node, read in place, and *pieces*: the rank's rows held on another node, packed
 there into one object per (node, rank) so each event crosses the network at most once, only to
-the node that trains on it (:func:`route`, :func:`pack`). No event data is copied here, and no
+the node that trains on it (:func:`route_ranks`, :func:`pack`). No event data is copied here, and no
 torch: Ray's coordinator and readers never import it. The trainer side gathers the rows straight
 into its tensors (:mod:`loader.microbatch`).
 """
@@ -54,7 +54,7 @@ class RankMessage:
         them), ``pieces`` the pieces packed for this rank by each of its nodes."""
         self.source, self.row = way.source, way.row
         self.sources = [*units, *pieces]
-        self.piece_rows = sum(len(u) for u, _ in way.pieces.values())
+        self.piece_rows = way.piece_rows
 
     @property
     def first_step(self) -> int:
@@ -66,67 +66,86 @@ class RankMessage:
 
 
 @dataclass
-class RankRows:
-    """A rank's rows over K steps, delivery order: ``unit`` and ``row`` int64 (n,), bounds as in
-    :class:`RankMessage`."""
-
-    unit: np.ndarray
-    row: np.ndarray
-    step_bounds: np.ndarray
-    mb_bounds: np.ndarray
-    costs: np.ndarray
-
-
-def rank_rows(steps: list[PlannedStep], rank: int, microbatches: int) -> RankRows:
-    """Rank ``rank``'s rows of ``steps``: its bins in order, microbatch by microbatch."""
-    M = microbatches
-    picks = [s.rank_samples(rank, M) for s in steps]
-    sizes = np.concatenate([np.diff(s.bins[rank * M : (rank + 1) * M + 1]) for s in steps])
-    return RankRows(
-        unit=np.concatenate([s.unit[p] for s, p in zip(steps, picks)]),
-        row=np.concatenate([s.row[p] for s, p in zip(steps, picks)]),
-        step_bounds=np.concatenate([[0], np.cumsum([len(p) for p in picks])]).astype(np.int64),
-        mb_bounds=np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64),
-        costs=np.stack([s.loads[rank] for s in steps]).astype(np.float64),
-    )
-
-
-@dataclass
 class Route:
     """Where a rank's rows come from: ``units`` (u,) read in place (they are held on the rank's
-    node), then one piece per node of ``nodes`` (p,); ``source`` and ``row`` (n,) as in
-    :class:`RankMessage`, sources ordered units first, then pieces. ``pieces[node]`` is the
-    (unit, row) list that node packs for the rank, in delivery order."""
+    node), then one piece per node of ``nodes`` (p,), packed there (:attr:`Routing.wanted`);
+    ``source`` and ``row`` (n,) as in :class:`RankMessage`, sources ordered units first, then pieces;
+    ``piece_rows`` of the n rows come in pieces."""
 
     units: np.ndarray
     nodes: np.ndarray
     source: np.ndarray
     row: np.ndarray
-    pieces: dict[int, tuple[np.ndarray, np.ndarray]]
+    piece_rows: int
 
 
-def route(unit: np.ndarray, row: np.ndarray, holder: np.ndarray, here: int | None) -> Route:
-    """Route rows (unit, row) (n,) to a rank on node ``here`` (None: a node that holds nothing).
+@dataclass
+class Routing:
+    """Every rank's :class:`Route` (``routes``, one per message) and, per holding node, what it packs:
+    ``wanted[node][rank]`` = (unit, row) (the rank's piece from that node) and ``units[node]``, the
+    units those pieces read, ascending."""
 
-    ``holder`` (U,) is the node holding each unit's decoded rows. Rows held on ``here`` are read
-    from their unit; the others are grouped into one piece per holding node.
-    """
-    held_by = holder[unit]  # (n,)
-    local = held_by == here if here is not None else np.zeros(len(unit), dtype=bool)
-    units, local_source = np.unique(unit[local], return_inverse=True)
+    routes: list[Route]
+    wanted: dict[int, dict[int, tuple[np.ndarray, np.ndarray]]]
+    units: dict[int, list[int]]
+
+
+def route_ranks(messages: list[RankMessage], holder: np.ndarray, here: list[int | None]) -> Routing:
+    """Route every message's rows (``unit``, ``unit_row``) to its rank on node ``here[i]`` (None: a node
+    that holds nothing), ``holder`` (U,) being the node that holds each unit's decoded rows. Rows held on
+    the rank's node are read from their unit; the others are grouped into one piece per holding node.
+
+    All messages at once, in a few array passes over their rows (the coordinator routes every rank's
+    message of a group: at 1,024 ranks a dozen array calls per rank cost more than planning)."""
+    if not messages:
+        return Routing([], {}, {})
+    lens = np.array([len(m.unit) for m in messages], dtype=np.int64)  # (R,)
+    unit = np.concatenate([m.unit for m in messages])  # (n,) every rank's rows, rank by rank
+    row = np.concatenate([m.unit_row for m in messages])
+    owner = np.repeat(np.arange(len(messages), dtype=np.int64), lens)  # (n,) message of each row
+    held_by = holder[unit]
+    node_here = np.array([-2 if h is None else h for h in here], dtype=np.int64)  # -2: matches no holder
+    local = held_by == node_here[owner]
+    # local rows: source = the rank of its unit among the message's distinct local units
+    span = int(holder.size) + 1
+    unit_keys, unit_inv = np.unique(owner[local] * span + unit[local], return_inverse=True)
+    unit_first = np.searchsorted(unit_keys, np.arange(len(messages) + 1) * span)  # (R + 1,)
+    # other rows: one piece per (message, holding node), numbered after the message's units
     remote = np.flatnonzero(~local)
-    nodes, piece = np.unique(held_by[remote], return_inverse=True)
+    node_span = int(max(held_by.max(initial=0), 0)) + 2  # node + 1 in [0, node_span)
+    piece_keys, piece_inv = np.unique(owner[remote] * node_span + held_by[remote] + 1, return_inverse=True)
+    piece_first = np.searchsorted(piece_keys, np.arange(len(messages) + 1) * node_span)
     source = np.empty(len(unit), dtype=np.int64)
     out_row = np.empty(len(unit), dtype=np.int64)
-    source[local] = local_source
+    source[local] = unit_inv - unit_first[owner[local]]
     out_row[local] = row[local]
-    source[remote] = len(units) + piece
-    out_row[remote] = _rank_within_group(piece, len(nodes))
-    pieces = {}
-    for p, node in enumerate(nodes.tolist()):
-        mine = remote[piece == p]
-        pieces[node] = (unit[mine], row[mine])
-    return Route(units, nodes, source, out_row, pieces)
+    units_of = np.diff(unit_first)  # (R,)
+    source[remote] = units_of[owner[remote]] + piece_inv - piece_first[owner[remote]]
+    out_row[remote] = _rank_within_group(piece_inv, len(piece_keys))
+    by_piece = remote[np.argsort(piece_inv, kind="stable")]  # remote rows, piece by piece, delivery order
+    piece_unit, piece_row = unit[by_piece], row[by_piece]
+    ends = np.cumsum(np.bincount(piece_inv, minlength=len(piece_keys))).tolist()
+    starts = [0, *ends[:-1]]
+    piece_nodes = piece_keys % node_span - 1
+    nodes = piece_nodes.tolist()
+    first = piece_first.tolist()
+    bounds = np.concatenate([[0], np.cumsum(lens)]).tolist()
+    remote_rows = np.bincount(owner[remote], minlength=len(messages)).tolist()  # (R,)
+    routes = []
+    wanted: dict[int, dict[int, tuple]] = {}
+    for i, message in enumerate(messages):
+        for p in range(first[i], first[i + 1]):
+            wanted.setdefault(nodes[p], {})[message.rank] = (piece_unit[starts[p] : ends[p]],
+                                                             piece_row[starts[p] : ends[p]])
+        a, b = bounds[i], bounds[i + 1]
+        routes.append(Route(unit_keys[unit_first[i] : unit_first[i + 1]] - i * span,
+                            piece_nodes[first[i] : first[i + 1]], source[a:b], out_row[a:b], remote_rows[i]))
+    # the units each holding node reads for its pieces: distinct (node, unit) pairs
+    pairs = np.unique((held_by[remote] + 1) * span + unit[remote])
+    pair_node = pairs // span - 1
+    cut = np.flatnonzero(np.diff(pair_node)) + 1
+    units = {int(g[0] // span - 1): (g % span).tolist() for g in np.split(pairs, cut) if len(g)}
+    return Routing(routes, wanted, units)
 
 
 def pack(held: dict[int, Rows], unit: np.ndarray, row: np.ndarray, dtypes: dict[str, np.dtype]) -> Rows:
@@ -145,27 +164,38 @@ def _rank_within_group(group: np.ndarray, groups: int) -> np.ndarray:
     return out
 
 
-def rank_message(
-    steps: list[PlannedStep], rank: int, microbatches: int, roles: tuple[dict[str, np.dtype], str, str | None]
-) -> RankMessage:
-    """Rank ``rank``'s message for ``steps``, its rows named as (unit, row); whoever holds the
-    units routes it (:func:`route`, then :meth:`RankMessage.take`). ``roles`` = (event dtypes,
-    items column, timestamps column)."""
-    rows = rank_rows(steps, rank, microbatches)
+def rank_messages(
+    steps: list[PlannedStep], ranks: int, microbatches: int, roles: tuple[dict[str, np.dtype], str, str | None]
+) -> list[RankMessage]:
+    """Each rank's message for ``steps`` (ranks 0..``ranks``-1), its rows named as (unit, row): its bins
+    in order, microbatch by microbatch, step by step; whoever holds the units routes it (:func:`route_ranks`,
+    then :meth:`RankMessage.take`). ``roles`` = (event dtypes, items column, timestamps column).
+
+    One pass over the steps' rows (K steps, n rows in all) for every rank, instead of a few array
+    operations per rank and step."""
+    R, M, K = ranks, microbatches, len(steps)
     dtypes, items, timestamps = roles
-    return RankMessage(
-        rank=rank,
-        steps=np.array([s.step for s in steps], dtype=np.int64),
-        cursors=np.array([s.cursor for s in steps], dtype=np.int64),
-        sources=[],
-        source=rows.unit[:0],
-        row=rows.row[:0],
-        step_bounds=rows.step_bounds,
-        mb_bounds=rows.mb_bounds,
-        costs=rows.costs,
-        dtypes=dtypes,
-        items=items,
-        timestamps=timestamps,
-        unit=rows.unit,
-        unit_row=rows.row,
-    )
+    # every step's rows in bin order (rank by rank), steps one after another
+    unit = np.concatenate([s.unit[s.order[s.bins[0] : s.bins[-1]]] for s in steps])  # (n,)
+    row = np.concatenate([s.row[s.order[s.bins[0] : s.bins[-1]]] for s in steps])
+    sizes = np.stack([np.diff(s.bins) for s in steps]).reshape(K, R, M)  # rows per bin
+    per_rank = sizes.sum(axis=2)  # (K, R)
+    owner = np.repeat(np.tile(np.arange(R, dtype=np.int64), K), per_rank.reshape(-1))  # (n,) rank of each row
+    by_rank = np.argsort(owner, kind="stable")  # rank by rank, then step by step, in bin order
+    unit, row = unit[by_rank], row[by_rank]
+    ends = np.cumsum(per_rank.sum(axis=0))  # (R,)
+    step_bounds = np.concatenate([np.zeros((R, 1), dtype=np.int64), np.cumsum(per_rank.T, axis=1)], axis=1)
+    mb_sizes = sizes.transpose(1, 0, 2).reshape(R, K * M)
+    mb_bounds = np.concatenate([np.zeros((R, 1), dtype=np.int64), np.cumsum(mb_sizes, axis=1)], axis=1)
+    costs = np.stack([s.loads for s in steps]).astype(np.float64)  # (K, R, M)
+    step_ids = np.array([s.step for s in steps], dtype=np.int64)
+    cursors = np.array([s.cursor for s in steps], dtype=np.int64)
+    messages = []
+    for r in range(R):
+        a, b = (ends[r - 1] if r else 0), ends[r]
+        messages.append(RankMessage(
+            rank=r, steps=step_ids.copy(), cursors=cursors.copy(), sources=[], source=unit[:0], row=row[:0],
+            step_bounds=step_bounds[r], mb_bounds=mb_bounds[r], costs=costs[:, r], dtypes=dtypes, items=items,
+            timestamps=timestamps, unit=unit[a:b], unit_row=row[a:b],
+        ))  # fmt: skip
+    return messages

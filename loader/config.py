@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import zlib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Literal
 
 import numpy as np
@@ -17,6 +17,10 @@ BACKENDS = ("ray", "inline")
 # Rows per shuffle block (see loader.order) at least: two blocks of the bench's 300-event histories are ~0.4 GB.
 # With declared nodes, by default at least a row group per node (``LoaderConfig.block_rows``).
 DEFAULT_SHUFFLE_WINDOW = 16_384
+# Seconds a rank's coordinator, peer node or readers may stay silent before every surviving rank raises the
+# loader's named error (loader.errors). Below Ray's own 60 s (gcs_rpc_server_reconnect_timeout_s), after which a
+# process cut off from the head exits without a word; above a few of Ray's health checks, so a short flap passes.
+DEFAULT_LIVENESS_TIMEOUT = 30.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,10 +42,17 @@ class LoaderConfig(BatchSpec):
     pin_memory: bool = False
     locality: bool = True
     ranks_per_node: int | None = None
+    liveness_timeout: float = DEFAULT_LIVENESS_TIMEOUT
 
     def __post_init__(self) -> None:
         super().__post_init__()
         positive("prefetch_steps", self.prefetch_steps)
+        timeout = self.liveness_timeout
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
+            raise ValueError(
+                f"liveness_timeout must be a positive number of seconds, got {timeout!r}; it bounds how long a rank "
+                f"waits on a silent coordinator, node or reader before raising (default {DEFAULT_LIVENESS_TIMEOUT:g})"
+            )
         for key in ("max_seq_len", "num_readers", "shuffle_window", "ranks_per_node"):
             if getattr(self, key) is not None:
                 positive(key, getattr(self, key), "or None")
@@ -69,6 +80,16 @@ class LoaderConfig(BatchSpec):
                 f"ranks_per_node={self.ranks_per_node} does not divide ranks={self.ranks}; pass the number "
                 "of trainer ranks on each node (torchrun's LOCAL_WORLD_SIZE), or None to learn it from Ray"
             )
+
+    @classmethod
+    def of(cls, options: dict) -> LoaderConfig:
+        """The configuration of ``SequenceLoader(source, **options)``: an unknown name is a ValueError listing the known ones."""
+        known = [f.name for f in fields(cls)]
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            raise ValueError(f"unknown loader argument(s) {', '.join(unknown)}; the arguments are {', '.join(known)} "
+                             "(docs/loader.md, Arguments)")
+        return cls(**options)
 
     @property
     def window(self) -> int:
@@ -100,7 +121,7 @@ def fingerprint(index: SourceIndex, config: LoaderConfig) -> int:
         key: value
         for key, value in asdict(config).items()
         if key not in ("seed", "backend", "num_readers", "name", "ray_address", "prefetch_steps", "pin_memory",
-                       "locality", "ranks_per_node")
+                       "locality", "ranks_per_node", "liveness_timeout")
     }
     model = config.cost_model
     decisive["cost_model"] = None if model is None else [model.quadratic, model.linear, model.constant]

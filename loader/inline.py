@@ -1,130 +1,83 @@
-"""``backend="inline"``: the same pipeline in-process, for machines without Ray and for debugging.
+"""``backend="inline"``: the same control plane in-process, for machines without Ray and for debugging.
 
-Row groups are read by a thread pool (pyarrow decodes without the GIL), the next block's while the
-current one is planned (two blocks in memory, as with Ray). The planner sees the row groups'
-statuses and lengths only, as the Ray coordinator does, and every rank's tensors are gathered
-straight from the decoded row groups. Every iterator runs its own pass over the epoch and keeps
-its ranks' messages, so ranks may be iterated one after another. Steps are counted once in
-``stats()`` however many iterators plan them; each rank's wait is the time its iterator spent reading
-and planning its next step (nothing is queued or fetched: queue depth and bytes fetched stay 0).
+The inline backend drives the same :class:`loader.control.service.Service` as the Ray backend, on this
+process's control-plane event loop (:func:`loader.control.stream.control_loop`), with :class:`ThreadReaders`:
+row groups decoded on a thread pool (pyarrow decodes without the GIL), read ahead while the current
+block is planned, held here, read in place by every rank. So queues, backpressure, repeat-safe
+requests and resume are the Ray backend's, and ranks iterated at the same time (threads, or
+``iter_steps``) share one pass over the epoch. Every rank runs in this process, so a run starts at
+once and a rank that is not iterating is left out of it rather than waited for
+(``Service(here=...)``): a rank iterated later, or never (one process per rank under torchrun, each
+reading the whole epoch itself), gets a pass of its own.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import os
-import threading
-import time
-from collections.abc import Iterator
-from contextlib import closing
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
-
-from loader.assemble import RankMessage, rank_message, route
-from loader.clean import Chunk
+from loader.assemble import pack
 from loader.config import LoaderConfig
-from loader.nodes import NodeLayout
-from loader.pipeline import EpochRun, PlannedStep, Resume, warm_up
+from loader.pipeline import Resume, warm_up
+from loader.control.protocol import Fetched, Health, Packed, Where
 from loader.read import read_unit
+from loader.control.runs import RunKey
+from loader.control.service import Service
 from loader.sources import SourceIndex
-from loader.stats import Stats
+from loader.control.stream import LoopCalls, Stream, control_loop
+
+HERE = Where(node="this process")  # where every rank runs and every row group is held
+
+
+class ThreadReaders:
+    """The :class:`loader.control.protocol.Readers` of the inline backend: units decoded on ``pool``, held in this
+    process (never lost), every rank here."""
+
+    def __init__(self, index: SourceIndex, config: LoaderConfig, pool: ThreadPoolExecutor) -> None:
+        self.index, self.config, self.pool = index, config, pool
+
+    async def fetch(self, unit: int, node: object) -> Fetched:
+        read = functools.partial(read_unit, self.index, unit, max_seq_len=self.config.max_seq_len,
+                                 skip_corrupt=self.config.skip_corrupt)
+        chunk = await asyncio.get_running_loop().run_in_executor(self.pool, read)
+        return Fetched(chunk.meta(), chunk.rows, HERE.node)
+
+    async def pack(self, node: object, pieces: dict[int, tuple], handles: dict) -> Packed:
+        return Packed({rank: pack(handles, unit, row, self.index.roles[0]) for rank, (unit, row) in pieces.items()})
+
+    async def renew(self, held: dict) -> dict:
+        return {}  # rows held by this process are never lost
+
+    async def alive(self, wheres: list[Where]) -> Health:
+        return Health()  # every rank runs in this process
 
 
 class InlineClient:
     def __init__(self, index: SourceIndex, config: LoaderConfig) -> None:
-        self.index = index
-        self.config = config
-        self.pool = ThreadPoolExecutor(max_workers=config.num_readers or os.cpu_count() or 1)
-        self._stats = Stats(config.ranks, index.skipped_files)
-        self._lock = threading.Lock()
-        # one process: the layout only shapes the plans, when the user declares one
-        self.layout = NodeLayout.per_node(config.ranks, config.ranks_per_node) if config.ranks_per_node else None
+        workers = config.num_readers or os.cpu_count() or 1
+        self.pool = ThreadPoolExecutor(max_workers=workers)
+        readers = ThreadReaders(index, config, self.pool)
+
+        async def make() -> Service:
+            return Service(index, config, readers, readahead=2 * workers, watch=False, here=HERE)
+
+        self.calls = LoopCalls(asyncio.run_coroutine_threadsafe(make(), control_loop()).result())
         warm_up(config)
 
-    def open(self, ranks: tuple[int, ...], epoch: int, start: Resume) -> InlineStream:
-        return InlineStream(self, ranks, self._steps(epoch, start))
+    def open(self, ranks: tuple[int, ...], epoch: int, start: Resume) -> Stream:
+        return Stream(self.calls, ranks, RunKey(epoch, start.step, start.cursor), HERE)
 
     def stats(self) -> dict:
-        with self._lock:
-            return self._stats.as_dict()
+        return self.calls.submit(self._stats).result()
 
     def close(self) -> None:
+        self.calls.submit(self._close).result()
         self.pool.shutdown(wait=True, cancel_futures=True)
 
-    def _steps(self, epoch: int, start: Resume) -> Iterator[tuple[PlannedStep, dict[int, Chunk]]]:
-        """Planned steps, each with the decoded row groups it reads (unit -> chunk)."""
-        run = EpochRun(self.index, self.config, epoch=epoch, start=start, layout=self.layout)
-        held: dict[int, Chunk] = {}
-        with closing(read_blocks(run, self.index, self.config, self.pool)) as blocks:
-            for block, chunks in blocks:
-                held.update(zip(run.units(block), chunks))
-                for planned in run.feed(block, [c.meta() for c in chunks]):
-                    self._record(planned)
-                    yield planned, held
-                held = {u: held[u] for u in run.held_units().tolist()}  # what later steps read
-        for planned in run.finish():
-            self._record(planned)
-            yield planned, held
-        with self._lock:
-            self._stats.record_end(epoch, run.tail)
+    async def _stats(self) -> dict:
+        return self.calls.handle.stats.as_dict()
 
-    def _record(self, planned: PlannedStep) -> None:
-        with self._lock:
-            self._stats.record(planned)
-
-    def taken(self, ranks: tuple[int, ...], seconds: float) -> None:
-        with self._lock:
-            for rank in ranks:
-                self._stats.taken(rank, seconds, 0)
-
-
-def read_blocks(
-    run: EpochRun, index: SourceIndex, config: LoaderConfig, pool: ThreadPoolExecutor
-) -> Iterator[tuple[int, list[Chunk]]]:
-    """Each block of ``run`` still to visit with its units' decoded chunks (in ``run.units`` order),
-    read on ``pool``; the next block's row groups are read while the caller works on this one."""
-
-    def submit(block: int) -> list[Future]:
-        return [
-            pool.submit(read_unit, index, unit, max_seq_len=config.max_seq_len, skip_corrupt=config.skip_corrupt)
-            for unit in run.units(block)
-        ]
-
-    blocks = run.blocks()
-    reads = submit(blocks[0]) if blocks else []
-    try:
-        for i, block in enumerate(blocks):
-            chunks = [read.result() for read in reads]
-            reads = submit(blocks[i + 1]) if i + 1 < len(blocks) else []
-            yield block, chunks
-    finally:
-        for read in reads:  # an iterator closed early: drop the read-ahead
-            read.cancel()
-
-
-class InlineStream:
-    """Messages of one pass for ``ranks``, one step each, every row read in place."""
-
-    def __init__(self, client: InlineClient, ranks: tuple[int, ...], steps) -> None:
-        self.client = client
-        self.ranks = ranks
-        self.steps = steps
-        self.holder = np.zeros(len(client.index.units), dtype=np.int64)  # every unit is held here
-
-    def next_message(self) -> dict[int, RankMessage] | None:
-        asked = time.monotonic()
-        item = next(self.steps, None)
-        if item is None:
-            return None
-        planned, held = item
-        out = {}
-        for rank in self.ranks:
-            message = rank_message([planned], rank, self.client.config.microbatches, self.client.index.roles)
-            way = route(message.unit, message.unit_row, self.holder, 0)
-            message.take(way, [held[u].rows for u in way.units.tolist()], [])
-            out[rank] = message
-        self.client.taken(self.ranks, time.monotonic() - asked)
-        return out
-
-    def close(self) -> None:
-        self.steps.close()
+    async def _close(self) -> None:
+        self.calls.handle.close()

@@ -2,7 +2,7 @@
 
 Runs the loader's own stages in-process, without Ray and without planning: the source index
 (:func:`loader.sources.index_source`), every row group decoded, validated and truncated by
-:func:`loader.read.read_unit` (read on a thread pool a block ahead, :func:`loader.inline.read_blocks`),
+:func:`loader.read.read_unit` (read on a thread pool a block ahead, :func:`read_blocks`),
 and the epoch order cut into global batches by :class:`loader.pipeline.EpochRun`. A
 ``SequenceLoader`` built with the same source and arguments plans exactly these batches, sample for
 sample in the same batch order: same seed, shuffle, shuffle window, ``max_seq_len``, ``drop_last``,
@@ -16,17 +16,18 @@ steps of the plain shuffled order, what a ``DistributedSampler`` over that order
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import dataclass, replace
 
 import numpy as np
 
+from loader.clean import Chunk
 from loader.config import LoaderConfig
-from loader.inline import read_blocks
 from loader.pipeline import EpochRun
-from loader.sources import index_source
+from loader.read import read_unit
+from loader.sources import SourceIndex, index_source
 from loader.stats import Counts
 
 
@@ -89,3 +90,27 @@ def epoch_lengths(
     steps = [batch.lengths for batch in batches]
     return EpochLengths(steps, shuffled if plain is not None else steps, [batch.moved for batch in batches],
                         counts, [path for path, _ in index.skipped_files])
+
+
+def read_blocks(
+    run: EpochRun, index: SourceIndex, config: LoaderConfig, pool: ThreadPoolExecutor
+) -> Iterator[tuple[int, list[Chunk]]]:
+    """Each block of ``run`` still to visit with its units' decoded chunks (in ``run.units`` order),
+    read on ``pool``; the next block's row groups are read while the caller works on this one."""
+
+    def submit(block: int) -> list[Future]:
+        return [
+            pool.submit(read_unit, index, unit, max_seq_len=config.max_seq_len, skip_corrupt=config.skip_corrupt)
+            for unit in run.units(block)
+        ]
+
+    blocks = run.blocks()
+    reads = submit(blocks[0]) if blocks else []
+    try:
+        for i, block in enumerate(blocks):
+            chunks = [read.result() for read in reads]
+            reads = submit(blocks[i + 1]) if i + 1 < len(blocks) else []
+            yield block, chunks
+    finally:
+        for read in reads:  # an iterator closed early: drop the read-ahead
+            read.cancel()

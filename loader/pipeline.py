@@ -37,6 +37,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -54,6 +55,24 @@ class Resume:
 
     step: int = 0
     cursor: int = 0
+
+
+class Visited(NamedTuple):
+    """Valid rows in epoch order, each (p,) int64: ``unit`` and ``row`` (its index among the unit's valid rows),
+    ``length``, ``home`` node (-1 without a layout), events ``cut`` by ``max_seq_len``."""
+
+    unit: np.ndarray
+    row: np.ndarray
+    length: np.ndarray
+    home: np.ndarray
+    cut: np.ndarray
+
+    def then(self, new: Visited, first: int, last: int) -> Visited:
+        """These rows followed by ``new``'s rows ``[first, last)``."""
+        return Visited(*(np.concatenate([mine, theirs[first:last]]) for mine, theirs in zip(self, new)))
+
+    def emptied(self) -> Visited:
+        return Visited(*(a[:0] for a in self))
 
 
 @dataclass
@@ -134,8 +153,7 @@ class EpochRun:
         self.window: list[Batch] = []  # cut steps of the composition window still open
         self.window_cursor = start.cursor  # where it starts
         empty = np.zeros(0, dtype=np.int64)
-        # valid rows visited but not yet in a batch: unit, row, length, home, cut (each (p,))
-        self.pending = (empty, empty, empty, empty, empty)
+        self.pending = Visited(empty, empty, empty, empty, empty)  # valid rows visited but not yet in a batch
         self.pending_counts = Counts()  # what the order passed since the last step closed
         self.tail = Counts()  # set by finish(): what the order passed after the last step
 
@@ -186,7 +204,7 @@ class EpochRun:
 
     def held_units(self) -> np.ndarray:
         """Units whose rows later steps read: those of carried rows and of the open window, int64 (u,)."""
-        return np.unique(np.concatenate([self.pending[0], *(batch.unit for batch in self.window)]))
+        return np.unique(np.concatenate([self.pending.unit, *(batch.unit for batch in self.window)]))
 
     def _cut(self, block: int, metas: list[UnitMeta]) -> Iterator[Batch]:
         member, row = self.order.rows_of(block, self.unit_rows)  # (n,) each, in epoch order
@@ -204,48 +222,48 @@ class EpochRun:
         new_row = valid_id[flat[positions]]
         at = valid_base[owner] + new_row  # (v,) index into the concatenated per-valid-row arrays
         units, homes = self.order.units_of(block), self.homes(block)
-        new = (
+        new = Visited(
             units[owner],
             new_row,
             np.concatenate([m.lengths for m in metas]).astype(np.int64)[at],
             homes[owner],
             np.concatenate([m.cut for m in metas]).astype(np.int64)[at],
         )
-        ends = cut_batches(status == VALID, pending=len(self.pending[0]), size=self.config.samples_per_step)
+        ends = cut_batches(status == VALID, pending=len(self.pending.unit), size=self.config.samples_per_step)
         start = first = 0
         for end in ends.tolist():
             last = int(np.searchsorted(positions, end))  # valid rows before end
             batch = self._take(new, first, last)
             counts = self.pending_counts
-            self._visit(counts, status[start:end], new[4][first:last])
-            counts.delivered += len(batch[0])
+            self._visit(counts, status[start:end], new.cut[first:last])
+            counts.delivered += len(batch.unit)
             self.pending_counts = Counts()
             self.cursor = begin + skip + end
             yield self._batch(batch, counts)
             start, first = end, last
-        self._visit(self.pending_counts, status[start:], new[4][first:])
+        self._visit(self.pending_counts, status[start:], new.cut[first:])
         self.pending = self._take(new, first, len(positions))
         self.cursor = int(self.order.block_starts[block + 1])
 
     def _cut_last(self) -> Iterator[Batch]:
         """The last short batch (if any); sets :attr:`tail`."""
         batch = self.pending
-        n = len(batch[0])
+        n = len(batch.unit)
         counts, self.pending_counts = self.pending_counts, Counts()
-        self.pending = tuple(a[:0] for a in batch)
+        self.pending = batch.emptied()
         if n and not self.config.drop_last:
             counts.delivered += n
             yield self._batch(batch, counts)
             return
         counts.skip(DROP_LAST, n)  # these rows were counted as truncated when visited; undo that
-        counts.truncated_rows -= int(np.count_nonzero(batch[4]))
-        counts.truncated_events -= int(batch[4].sum())
+        counts.truncated_rows -= int(np.count_nonzero(batch.cut))
+        counts.truncated_events -= int(batch.cut.sum())
         self.tail = counts
 
-    def _take(self, new: tuple, first: int, last: int) -> tuple:
+    def _take(self, new: Visited, first: int, last: int) -> Visited:
         """The pending rows followed by new rows ``[first, last)``; pending is emptied."""
-        out = tuple(np.concatenate([p, a[first:last]]) for p, a in zip(self.pending, new))
-        self.pending = tuple(a[:0] for a in self.pending)
+        out = self.pending.then(new, first, last)
+        self.pending = self.pending.emptied()
         return out
 
     @staticmethod
@@ -257,10 +275,10 @@ class EpochRun:
         counts.truncated_rows += int(np.count_nonzero(cut))
         counts.truncated_events += int(cut.sum())
 
-    def _batch(self, batch: tuple, counts: Counts) -> Batch:
+    def _batch(self, batch: Visited, counts: Counts) -> Batch:
         """The next step's :class:`Batch`; the step counter moves on."""
-        unit, row, lengths, home, _ = batch
-        cut = Batch(self.epoch, self.step, self.cursor, unit, row, lengths, home, np.zeros_like(lengths), counts)
+        cut = Batch(self.epoch, self.step, self.cursor, batch.unit, batch.row, batch.length, batch.home,
+                    np.zeros_like(batch.length), counts)
         self.step += 1
         return cut
 

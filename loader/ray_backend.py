@@ -1,27 +1,32 @@
-"""``backend="ray"``: reader actors and a control plane, thin shells over the pure stages.
+"""``backend="ray"``: reader actors and a control plane, thin shells over the pure stages and the control plane.
 
 - :class:`loader.reader.Reader` actors (default one per available CPU, pinned round-robin to the
   nodes that have CPUs; restartable) decode, validate and truncate row groups into their node's
   object store and return only statuses, lengths and the object's ref; on request they pack the
   rows of their node that ranks on other nodes train on, one object per (node, rank).
-- :class:`Control` wraps :class:`loader.service.Service`, the control plane: it reads each row
-  group on a reader of its home node (the least busy; re-issuing a read whose reader died: reads
-  are pure, so nothing is lost or repeated), plans each step from statuses and lengths, and
-  queues every rank's messages: object refs plus row indices. It never maps a row group.
+- :class:`RayReaders` is the control plane's :class:`loader.control.protocol.Readers` over them:
+  each unit read on a reader of its home node (the least busy; a read whose reader died is
+  re-issued: reads are pure, so nothing is lost or repeated), liveness from the readers of each
+  node and Ray's view of the nodes. No call waits longer than ``liveness_timeout``.
+- :class:`Control` wraps :class:`loader.control.service.Service` over :class:`RayReaders`, with the
+  loaders attached to it and its metrics. It never maps a row group.
 
   - A loader with a ``name`` runs it as the :data:`Coordinator` actor, named after the loader in
-    the ``freescale`` namespace, so trainer processes constructing the loader with the same
-    arguments and ``name`` attach to it (telling it their node, for the locality-aware plan, and
-    their process id, so a dead rank fails the run at once); the last to ``close()`` kills it
-    and its readers.
-  - An unnamed loader is private to this process, so its control plane runs here, on an event
+    the ``freescale`` namespace and placed on the node of the process that creates it (which owns
+    it), so trainer processes constructing the loader with the same arguments and ``name`` attach
+    to it (telling it their node, for the locality-aware plan, and their process id, so a dead
+    rank fails the run at once); the last to ``close()`` kills it and its readers.
+  - An unnamed loader is private to this process, so its control plane runs here, on the control
     loop thread (:class:`LocalControl`): no coordinator process to start, no actor call per
     message. Its readers stay warm for this process's next loader (:func:`loader.reader.take_readers`).
-- :class:`RayClient` is what a :class:`loader.SequenceLoader` holds in each trainer process: it
-  maps a message's objects (zero-copy for row groups of its own node; a piece packed on another
-  node crosses the network once) and gathers its rows into torch tensors. After decoding, an
-  event is written once into the object store of the node that read it and once into the
-  trainer's tensor; rows that cross nodes are packed once more on the way.
+- :class:`RayClient` is what a :class:`loader.SequenceLoader` holds in each trainer process;
+  :class:`RayStream` maps a message's objects (zero-copy for row groups of its own node; a piece
+  packed on another node crosses the network once). After decoding, an event is written once into
+  the object store of the node that read it and once into the trainer's tensor; rows that cross
+  nodes are packed once more on the way.
+
+Ray's exceptions end here: where the loader knows what was lost they become its named errors
+(:mod:`loader.errors`: a silent or dead coordinator, a lost node, readers that keep dying).
 
 The control plane publishes the loader's stats as Ray metrics and readers count what they decode
 (:mod:`loader.metrics`); a trainer process tells the control plane, with each request, how long
@@ -39,26 +44,30 @@ import dataclasses
 import os
 import threading
 import time
-import warnings
 
 import ray
-from ray.exceptions import ActorUnavailableError, ObjectLostError, RayActorError, RayTaskError, WorkerCrashedError
+from ray.exceptions import (ActorUnavailableError, GetTimeoutError, ObjectLostError, RayActorError, RayTaskError,
+                            WorkerCrashedError)
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from loader.assemble import RankMessage
-from loader.clean import UnitMeta
 from loader.config import LoaderConfig
+from loader.errors import CoordinatorLost, NodeLost, ReadersLost
 from loader.metrics import PUBLISH_S, Publisher, loader_tag
 from loader.pipeline import Resume, warm_up
+from loader.control.protocol import End, Fetched, Health, Lost, Opened, Packed, Reply, Step, Wait, Where
 from loader.read import readahead_units
 from loader.reader import Held, give_back, take_readers
-from loader.service import RunKey, Service, SourcesLost, Where
+from loader.control.runs import RunKey
+from loader.control.service import Service
 from loader.sources import SourceIndex
+from loader.control.stream import POLL_S, ControlCalls, LoopCalls, Stream, control_loop
 
 NAMESPACE = "freescale"
 READ_ATTEMPTS = 10  # per unit, over restarts and other readers
-_POLL_S = 5.0  # a blocking call returns "wait" after this long, so the caller can warn
+_POLL_S = POLL_S  # a blocking call returns Wait after this long (at most), so the caller can warn
+STARTUP_S = 120.0  # a coordinator that has not answered its first call this long (not placed, not started) is lost
 ASK_ATTEMPTS = 10  # per step: a call that failed in transit is asked again (the coordinator resends)
-_WARN_AFTER_S = 30.0
 _LOST = (RayActorError, ObjectLostError, WorkerCrashedError)
 
 
@@ -66,46 +75,196 @@ def coordinator_name(name: str) -> str:
     return f"freescale-loader:{name}"
 
 
-class Control:
-    """One loader's control plane: readers in, per-rank queues of messages out.
+class RayReaders:
+    """The :class:`loader.control.protocol.Readers` of the Ray backend: reader actors pinned to nodes.
 
-    ``watch``: check that the ranks' processes live (off when they all run in this process)."""
+    Reads go to the least busy reader of the unit's home node; a read whose reader died is re-issued
+    (reads are pure, so nothing is lost or repeated). No call waits longer than
+    ``config.liveness_timeout``: a node whose readers stay silent that long, or that Ray declares
+    dead, is reported lost (:class:`loader.errors.NodeLost`), so the control plane ends the run with
+    a named error instead of waiting without end.
+    """
 
-    def __init__(self, index: SourceIndex, config: LoaderConfig, fingerprint: tuple, watch: bool = True) -> None:
+    def __init__(self, index: SourceIndex, config: LoaderConfig) -> None:
         self.index = index
         self.config = config
-        self.fingerprint = fingerprint
+        self.liveness = config.liveness_timeout
         self.dtypes = index.roles[0]
-        self.attached: list[Where] = []  # the process of each attached loader
-        self.detaching = asyncio.Lock()
+        self.tag = loader_tag(config.name)
         self.readers: list = []
         self.nodes: list[str] = []
+        self.busy: list[int] = []  # calls in flight per reader
         self.ready = asyncio.Event()
         self.inflight: set[ray.ObjectRef] = set()  # reads sent and not answered yet
-        self.tag = loader_tag(config.name)
-        self.publisher = Publisher(self.tag)
+        self.silent: dict[str, float] = {}  # node -> since when its readers have not answered a liveness check
+
+    def set(self, readers: list, nodes: list[str]) -> None:
+        """The readers, and the node each is pinned to."""
+        self.readers = readers
+        self.busy = [0] * len(readers)
+        self.nodes = list(nodes)
+        self.ready.set()
+
+    def cancel(self) -> None:
+        """Cancel the reads still queued on the readers (warm readers would make the next loader wait behind them)."""
+        for call in list(self.inflight):
+            ray.cancel(call)
+
+    def kill(self) -> None:
+        for reader in self.readers:
+            ray.kill(reader)
+
+    def _on(self, node) -> list[int]:
+        """Readers on ``node`` (every reader when none is there, or ``node`` is None)."""
+        here = [i for i, n in enumerate(self.nodes) if n == node]
+        return here or list(range(len(self.readers)))
+
+    async def _call(self, candidates: list[int], what: str, call):
+        """``call(i)`` on the least busy candidate reader i; when that reader died, on the least busy
+        of the others (the dead one restarts meanwhile), up to READ_ATTEMPTS times, within the
+        liveness timeout."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.liveness
+        tried: set[int] = set()
+        for attempt in range(READ_ATTEMPTS):
+            untried = [i for i in candidates if i not in tried] or candidates
+            owner = min(untried, key=lambda i: (self.busy[i], i))
+            self.busy[owner] += 1
+            try:
+                return await asyncio.wait_for(call(owner), max(0.0, deadline - loop.time()))
+            except RayTaskError as exc:  # the call itself failed: a real error, not a lost reader
+                raise exc.cause from None
+            except asyncio.TimeoutError:
+                raise NodeLost(self.nodes[owner], [], f"its reader did not finish {what} within "
+                               f"liveness_timeout={self.liveness:g} s") from None
+            except _LOST as exc:
+                lost = exc
+                tried.add(owner)
+                await asyncio.sleep(min(0.1 * 2**attempt, 2.0))
+            finally:
+                self.busy[owner] -= 1
+        raise ReadersLost(what, READ_ATTEMPTS, str(lost))
+
+    async def fetch(self, unit: int, node) -> Fetched:
+        """Read ``unit`` on a reader of ``node`` (its home)."""
+        await self.ready.wait()
+        spec = self.index.only(unit)
+
+        async def read(i: int) -> Fetched:
+            call = self.readers[i].read.remote(spec, self.config.max_seq_len, self.config.skip_corrupt, self.tag)
+            self.inflight.add(call)
+            try:
+                meta, ref, pid = await call
+            finally:
+                self.inflight.discard(call)
+            return Fetched(meta, Held(ref, i, pid, self.nodes[i]), self.nodes[i])
+
+        return await self._call(self._on(node), self.index.describe(unit), read)
+
+    async def pack(self, node, pieces: dict, handles: dict[int, Held]) -> Packed | Lost:
+        """Pack ``pieces`` on a reader of ``node``, where ``handles``' rows are held."""
+
+        async def pack_on(i: int) -> Packed | Lost:
+            done = await self.readers[i].pack.remote(pieces, {u: h.ref for u, h in handles.items()}, self.dtypes)
+            if isinstance(done, Lost):
+                return done
+            refs, pid = done
+            return Packed({rank: Held(ref, i, pid, self.nodes[i]) for rank, ref in refs.items()})
+
+        return await self._call(self._on(node), f"packing rows on node {node}", pack_on)
+
+    async def renew(self, held: dict[int, Fetched | None]) -> dict[int, Fetched]:
+        """Fresh reads of the units whose handle is missing or whose reader process is gone."""
+        readers = sorted({read.handle.reader for read in held.values() if read is not None})
+        pids = dict(zip(readers, await asyncio.gather(*(self._pid(i) for i in readers))))
+        lost = [u for u, read in held.items() if read is None or pids[read.handle.reader] != read.handle.pid]
+        reads = await asyncio.gather(*(self.fetch(u, None if held[u] is None else held[u].node) for u in lost))
+        return dict(zip(lost, reads))
+
+    async def _pid(self, i: int) -> int | None:
+        try:
+            return await asyncio.wait_for(self.readers[i].pid.remote(), self.liveness)
+        except (*_LOST, asyncio.TimeoutError):  # dead for good, or unreachable: whatever it held is lost
+            return None
+
+    async def alive(self, wheres: list[Where]) -> Health:
+        """Ask a reader on each process's node whether the processes run; a node Ray declared dead, or
+        whose readers have not answered for the liveness timeout, is lost. A node without readers is
+        watched through Ray's view of it only."""
+        if not self.ready.is_set():
+            return Health()
+        loop = asyncio.get_running_loop()
+        wanted = {w.node for w in wheres if w.node is not None}
+        dead_nodes = await _dead_nodes(wanted, timeout=min(_POLL_S, self.liveness / 2))
+        dead: set[int] = set()
+        lost: dict[str, str] = {}
+        for node in wanted:
+            if node in dead_nodes:
+                lost[node] = "Ray declared the node dead (its raylet stopped answering the head node)"
+                continue
+            here = [i for i, n in enumerate(self.nodes) if n == node]
+            if not here:
+                continue
+            mine = [i for i, w in enumerate(wheres) if w.node == node]
+            asked = loop.time()
+            try:
+                found = await asyncio.wait_for(self.readers[here[0]].alive.remote([wheres[i].pid for i in mine]),
+                                               min(_POLL_S, self.liveness / 2))
+            except (*_LOST, ActorUnavailableError, asyncio.TimeoutError):  # restarting, or unreachable
+                since = self.silent.setdefault(node, asked)
+                if loop.time() - since >= self.liveness:
+                    lost[node] = (f"its readers have not answered for {loop.time() - since:.0f} s "
+                                  f"(liveness_timeout={self.liveness:g} s): the node is down or cut off")
+                continue
+            self.silent.pop(node, None)
+            dead.update(i for i, ok in zip(mine, found) if not ok)
+        return Health(frozenset(dead), lost)
+
+
+async def _dead_nodes(nodes: set[str], timeout: float) -> set[str]:
+    """Those of ``nodes`` that Ray's head declared dead (nothing, when the head does not answer in time)."""
+    if not nodes:
+        return set()
+    try:
+        table = await asyncio.wait_for(asyncio.to_thread(ray.nodes), timeout)
+    except asyncio.TimeoutError:
+        return set()
+    return {n["NodeID"] for n in table if n["NodeID"] in nodes and not n.get("Alive")}
+
+
+class Control:
+    """One loader's control plane: a :class:`loader.control.service.Service` over :class:`RayReaders`, the
+    loaders attached to it, and its metrics.
+
+    ``watch``: check that the ranks' processes and nodes live (off when they all run in this process)."""
+
+    def __init__(self, index: SourceIndex, config: LoaderConfig, fingerprint: tuple, watch: bool = True) -> None:
+        self.config = config
+        self.fingerprint = fingerprint
+        self.attached: list[Where] = []  # the process of each attached loader
+        self.detaching = asyncio.Lock()
+        self.readers = RayReaders(index, config)
+        self.publisher = Publisher(self.readers.tag)
         self.publishing: asyncio.Task | None = None
-        self.service = Service(index, config, fetch=self._fetch, pack=self._pack, renew=self._renew,
-                               alive=self._alive if watch else None, readahead=readahead_units(index, config.num_readers or 2))
+        self.service = Service(index, config, self.readers, watch=watch,
+                               readahead=readahead_units(index, config.num_readers or 2))
         # compile or load the planner's kernels beside the first reads (the first plan waits on numba's lock)
         threading.Thread(target=warm_up, args=(config,), daemon=True).start()
 
-    async def attach(self, fingerprint: tuple, name: str, where: Where) -> bool:
-        """Count the loader of the process at ``where``; True for the first, which must start the readers."""
+    async def attach(self, fingerprint: tuple, name: str, where: Where) -> tuple[bool, str]:
+        """Count the loader of the process at ``where``: whether it is the first (which must start the
+        readers), and this coordinator's node."""
         if tuple(fingerprint) != tuple(self.fingerprint):
             raise ValueError(
                 f"a loader named {name!r} already runs with other data or arguments; construct this "
                 "loader with the same source and arguments, or give it another name"
             )
         self.attached.append(where)
-        return len(self.attached) == 1
+        return len(self.attached) == 1, ray.get_runtime_context().get_node_id()
 
     async def set_readers(self, readers: list, nodes: list[str]) -> None:
         """The readers, and the node each is pinned to."""
-        self.readers = readers
-        self.busy = [0] * len(readers)  # calls in flight per reader
-        self.nodes = list(nodes)
-        self.ready.set()
+        self.readers.set(readers, nodes)
         self.publishing = asyncio.ensure_future(self._publish())
 
     async def _publish(self) -> None:
@@ -115,8 +274,7 @@ class Control:
 
     async def release(self) -> None:
         """Kill the readers: the last loader closes."""
-        for reader in self.readers:
-            ray.kill(reader)
+        self.readers.kill()
 
     async def detach(self, where: Where) -> int:
         """The loader of the process at ``where`` let go: the number of loaders still attached whose
@@ -124,27 +282,26 @@ class Control:
         async with self.detaching:  # one at a time: exactly one caller sees none left, and releases
             self.attached.remove(where)
             if self.attached:
-                alive = await self._alive(self.attached)
-                self.attached = [w for w, ok in zip(self.attached, alive) if ok]
+                health = await self.readers.alive(self.attached)
+                self.attached = [w for i, w in enumerate(self.attached)
+                                 if i not in health.dead and w.node not in health.lost]
             return len(self.attached)
 
     async def close(self) -> None:
-        """Stop serving: the run in progress ends, and reads still queued on the readers are
-        cancelled (warm readers would otherwise make the next loader wait behind them)."""
+        """Stop serving: the run in progress ends, and reads still queued on the readers are cancelled."""
         self.service.close()
-        for call in list(self.inflight):
-            ray.cancel(call)
+        self.readers.cancel()
         if self.publishing is not None:
             self.publishing.cancel()
             self.publisher.publish(self.service.stats.as_dict())
 
-    async def open(self, ranks: list[int], key: RunKey, timeout: float, where: Where):
+    async def open(self, ranks: list[int], key: RunKey, timeout: float, where: Where) -> Opened | Wait:
         return await self.service.open(ranks, key, timeout, where)
 
-    async def next(self, rank: int, run_id: int, step: int, timeout: float, taken: tuple[float, int]):
+    async def next(self, rank: int, run_id: int, step: int, timeout: float, taken: tuple[float, int]) -> Reply:
         return await self.service.next(rank, run_id, step, timeout, taken)
 
-    async def repair(self, rank: int, run_id: int, step: int):
+    async def repair(self, rank: int, run_id: int, step: int) -> Step | End:
         return await self.service.repair(rank, run_id, step)
 
     async def leave(self, ranks: list[int], run_id: int) -> None:
@@ -154,144 +311,61 @@ class Control:
         return self.service.stats.as_dict()
 
     async def reader_handles(self) -> list:
-        await self.ready.wait()
-        return self.readers
+        await self.readers.ready.wait()
+        return self.readers.readers
 
     async def reader_nodes(self) -> list[str]:
-        await self.ready.wait()
-        return list(self.nodes)
+        await self.readers.ready.wait()
+        return list(self.readers.nodes)
 
     async def pid(self) -> int:
         return os.getpid()
-
-    def _on(self, node) -> list[int]:
-        """Readers on ``node`` (every reader when none is there, or ``node`` is None)."""
-        here = [i for i, n in enumerate(self.nodes) if n == node]
-        return here or list(range(len(self.readers)))
-
-    async def _call(self, candidates: list[int], what: str, call):
-        """``call(i)`` on the least busy candidate reader i; when that reader died, on the least busy
-        of the others (the dead one restarts meanwhile), up to READ_ATTEMPTS times."""
-        tried: set[int] = set()
-        for attempt in range(READ_ATTEMPTS):
-            untried = [i for i in candidates if i not in tried] or candidates
-            owner = min(untried, key=lambda i: (self.busy[i], i))
-            self.busy[owner] += 1
-            try:
-                return await call(owner)
-            except RayTaskError as exc:  # the call itself failed: a real error, not a lost reader
-                raise exc.cause from None
-            except _LOST as exc:
-                lost = exc
-                tried.add(owner)
-                await asyncio.sleep(min(0.1 * 2**attempt, 2.0))
-            finally:
-                self.busy[owner] -= 1
-        raise RuntimeError(
-            f"{what}: {READ_ATTEMPTS} attempts failed because reader actors died ({lost}); check the "
-            "readers' logs (memory, node failures)"
-        )
-
-    async def _fetch(self, unit: int, node) -> tuple[UnitMeta, Held, str]:
-        """Read ``unit`` on a reader of ``node`` (its home); returns its meta, its rows' handle
-        and the node that holds them."""
-        await self.ready.wait()
-
-        spec = self.index.only(unit)
-
-        async def read(i: int):
-            call = self.readers[i].read.remote(spec, self.config.max_seq_len, self.config.skip_corrupt, self.tag)
-            self.inflight.add(call)
-            try:
-                meta, ref, pid = await call
-            finally:
-                self.inflight.discard(call)
-            return meta, Held(ref, i, pid), self.nodes[i]
-
-        return await self._call(self._on(node), self.index.describe(unit), read)
-
-    async def _pack(self, node, pieces: dict, handles: dict[int, Held]) -> dict[int, Held]:
-        """Pack ``pieces`` on a reader of ``node``, where ``handles``' rows are held."""
-
-        async def pack_on(i: int):
-            done, pid = await self.readers[i].pack.remote(pieces, {u: h.ref for u, h in handles.items()}, self.dtypes)
-            if done == "lost":
-                raise SourcesLost(pid)
-            return {rank: Held(ref, i, pid) for rank, ref in done.items()}
-
-        return await self._call(self._on(node), f"packing rows on node {node}", pack_on)
-
-    async def _renew(self, handles: dict) -> dict:
-        """Fresh reads of the units whose handle is missing or whose reader process is gone."""
-        readers = sorted({h.reader for h, _ in handles.values() if h is not None})
-        pids = dict(zip(readers, await asyncio.gather(*(self._pid(i) for i in readers))))
-        lost = [u for u, (h, _) in handles.items() if h is None or pids[h.reader] != h.pid]
-        reads = await asyncio.gather(*(self._fetch(u, handles[u][1]) for u in lost))
-        return {u: (held, node) for u, (_, held, node) in zip(lost, reads)}
-
-    async def _pid(self, i: int) -> int | None:
-        try:
-            return await self.readers[i].pid.remote()
-        except _LOST:  # dead for good: whatever it held is lost
-            return None
-
-    async def _alive(self, wheres: list[Where]) -> list[bool]:
-        """Ask a reader on each process's node; a node without readers is not watched."""
-        out = [True] * len(wheres)
-        for node in {w.node for w in wheres}:
-            here = [i for i, n in enumerate(self.nodes) if n == node]
-            if not here:
-                continue
-            mine = [i for i, w in enumerate(wheres) if w.node == node]
-            try:
-                found = await self.readers[here[0]].alive.remote([wheres[i].pid for i in mine])
-            except _LOST:  # the reader restarts: look again next time
-                continue
-            for i, ok in zip(mine, found):
-                out[i] = ok
-        return out
 
 
 Coordinator = ray.remote(num_cpus=0, max_restarts=0)(Control)  # a named loader's control plane
 
 
-class ActorControl:
-    """Calls into the :data:`Coordinator` actor: ``call`` returns an ObjectRef (see :func:`_get`)."""
+class RayCalls(ControlCalls):
+    """:class:`loader.control.stream.ControlCalls`, and the calls of a Ray control plane's lifetime."""
+
+    def attach(self, fingerprint: tuple, name: str, where: Where):
+        return self.submit(self.handle.attach, fingerprint, name, where)
+
+    def set_readers(self, readers: list, nodes: list[str]):
+        return self.submit(self.handle.set_readers, readers, nodes)
+
+    def reader_handles(self):
+        return self.submit(self.handle.reader_handles)
+
+    def reader_nodes(self):
+        return self.submit(self.handle.reader_nodes)
+
+    def detach(self, where: Where):
+        return self.submit(self.handle.detach, where)
+
+    def release(self):
+        return self.submit(self.handle.release)
+
+
+class ActorControl(RayCalls):
+    """Calls into the :data:`Coordinator` actor: each returns an ObjectRef."""
 
     def __init__(self, handle) -> None:
         self.handle = handle
 
-    def call(self, method: str, *args):
-        return getattr(self.handle, method).remote(*args)
+    def submit(self, method, *args) -> ray.ObjectRef:
+        return method.remote(*args)
 
 
-class LocalControl:
-    """A :class:`Control` on this process's control-plane event loop: ``call`` returns a future
-    (see :func:`_get`). Messages are handed over as they are, nothing is serialised."""
-
-    _loop: asyncio.AbstractEventLoop | None = None
-    _lock = threading.Lock()
+class LocalControl(LoopCalls, RayCalls):
+    """A :class:`Control` on this process's control-plane event loop (:func:`loader.control.stream.control_loop`):
+    each call returns a future."""
 
     def __init__(self, index: SourceIndex, config: LoaderConfig, fingerprint: tuple) -> None:
-        self.loop = self._shared_loop()
-
         async def make() -> Control:
             return Control(index, config, fingerprint, watch=False)
 
-        self.control = asyncio.run_coroutine_threadsafe(make(), self.loop).result()
-
-    def call(self, method: str, *args) -> concurrent.futures.Future:
-        return asyncio.run_coroutine_threadsafe(getattr(self.control, method)(*args), self.loop)
-
-    @classmethod
-    def _shared_loop(cls) -> asyncio.AbstractEventLoop:
-        """One daemon thread per process runs every local control plane's event loop."""
-        with cls._lock:
-            if cls._loop is None:
-                loop = asyncio.new_event_loop()
-                threading.Thread(target=loop.run_forever, name="freescale-control", daemon=True).start()
-                cls._loop = loop
-            return cls._loop
+        super().__init__(asyncio.run_coroutine_threadsafe(make(), control_loop()).result())
 
 
 def connect(address: str | None, *, name: str | None = None) -> None:
@@ -318,153 +392,152 @@ def connect(address: str | None, *, name: str | None = None) -> None:
 
 class RayClient:
     """A trainer process's handle on its loader's control plane: in this process for an unnamed
-    loader, the named coordinator actor otherwise."""
+    loader, the named coordinator actor otherwise.
+
+    The named coordinator is placed on the node of the process that creates it (the first trainer
+    process to construct the loader, usually rank 0's, which owns it and must outlive the others'
+    use of it): it then lives exactly as long as its owner, and a node lost elsewhere takes no
+    control plane with it. Every call to it is bounded by ``liveness_timeout``; Ray's exceptions
+    about it end here, as :class:`loader.errors.CoordinatorLost`.
+    """
 
     def __init__(self, index: SourceIndex, config: LoaderConfig, fingerprint: int) -> None:
         connect(config.ray_address, name=config.name)
         self.config = config
         shape = (fingerprint, config.locality, config.ranks_per_node)
         count = config.num_readers or max(1, int(ray.available_resources().get("CPU", 1)))
-        self.where = Where(node=ray.get_runtime_context().get_node_id(), pid=os.getpid())
+        here = ray.get_runtime_context().get_node_id()
+        self.where = Where(node=here, pid=os.getpid())
+        self.node = here  # the coordinator's node, for errors that name it
         self.closed = False
         self.readers: tuple[list, list[str]] | None = None  # readers this process gives back on close
         if config.name is None:
             self.control = LocalControl(index, config, shape)
             self.readers = take_readers(count)
-            self.control.call("set_readers", *self.readers)
+            self.control.set_readers(*self.readers)
             return
-        options = {"namespace": NAMESPACE, "name": coordinator_name(config.name), "get_if_exists": True}
+        options = {"namespace": NAMESPACE, "name": coordinator_name(config.name), "get_if_exists": True,
+                   "scheduling_strategy": NodeAffinitySchedulingStrategy(here, soft=False)}
         # Readers start beside the coordinator, not after it, when this process will likely create
         # it: both take a process start and their imports, and the first batch waits for both.
         readers = take_readers(count) if not _exists(options) else None
         self.control = ActorControl(Coordinator.options(**options).remote(index, config, shape))
-        if _get(self.control.call("attach", shape, config.name, self.where)):
-            self.control.call("set_readers", *(readers or take_readers(count)))
+        # the first call waits for the coordinator to start (a process and its imports), not for a lost one
+        first, self.node = self.get(self.control.attach(shape, config.name, self.where),
+                                    timeout=max(STARTUP_S, config.liveness_timeout))
+        if first:
+            self.control.set_readers(*(readers or take_readers(count)))
         elif readers is not None:  # another process created it first: its readers serve
             give_back(*readers)
 
+    def get(self, pending, rank: int | None = None, timeout: float | None = None):
+        """The reply of a control call: a local future's result, or ``ray.get`` within ``timeout``
+        (default: the liveness timeout) that raises the remote exception itself (a ValueError stays
+        a ValueError). A coordinator that died or stayed silent is :class:`CoordinatorLost`."""
+        timeout = self.config.liveness_timeout if timeout is None else timeout
+        try:
+            return _get(pending, timeout)
+        except GetTimeoutError:
+            raise CoordinatorLost(self.config.name, self.node, rank, f"it has not answered for {timeout:.0f} s "
+                                  f"(liveness_timeout={self.config.liveness_timeout:g} s): its node is down or "
+                                  "cut off from this one") from None
+        except RayActorError as exc:
+            if isinstance(exc, ActorUnavailableError):
+                raise
+            raise CoordinatorLost(self.config.name, self.node, rank, f"it died ({type(exc).__name__}: its "
+                                  "owner, the process that created it, or its node is gone)") from None
+
     def open(self, ranks: tuple[int, ...], epoch: int, start: Resume) -> RayStream:
-        return RayStream(self.control, ranks, RunKey(epoch, start.step, start.cursor), self.where)
+        return RayStream(self, ranks, RunKey(epoch, start.step, start.cursor))
 
     def stats(self) -> dict:
-        return _get(self.control.call("stats"))
+        return self.get(self.control.stats())
 
     def reader_handles(self) -> list:
-        return _get(self.control.call("reader_handles"))
+        return self.get(self.control.reader_handles())
 
     def reader_nodes(self) -> list[str]:
-        return _get(self.control.call("reader_nodes"))
+        return self.get(self.control.reader_nodes())
 
     def close(self) -> None:
         if self.closed:
             return
         self.closed = True
         if isinstance(self.control, LocalControl):
-            _get(self.control.call("close"))
+            self.get(self.control.close())
             give_back(*self.readers)  # warm for this process's next loader
             return
         try:
-            remaining = _get(self.control.call("detach", self.where))
-        except RayActorError:  # already gone (its owner exited, or it was killed)
+            remaining = self.get(self.control.detach(self.where))
+        except CoordinatorLost:  # already gone (its owner exited, it was killed, or it is cut off)
             return
         if remaining <= 0:
-            _get(self.control.call("release"))  # its readers (this process owns them)
+            self.get(self.control.release())  # its readers (this process owns them)
             ray.kill(self.control.handle)
             _wait_name_released(coordinator_name(self.config.name))  # before a new loader may reuse it
 
 
-class RayStream:
-    """Messages of one run for ``ranks``, one request per rank kept in flight ahead of the consumer.
+class RayStream(Stream):
+    """A :class:`loader.control.stream.Stream` over a Ray control plane: every wait bounded, Ray's errors named.
 
-    Each request names the step it wants, so a call that failed in transit (Ray cannot tell
-    whether it ran) is simply asked again. Ranks that did not reach the end leave the run on
-    :meth:`close`, however the iteration stopped: a rank that failed must not hold the others.
+    The coordinator answers every request within a poll interval (a :class:`Wait` when it has
+    nothing yet), so a reply missing for the liveness timeout means the coordinator is lost. A
+    message's rows are mapped before the next is asked for (zero-copy on this node; pieces packed
+    for it on other nodes cross the network once): asked for first, a rank's fetch could wait
+    forever on an object its owner had already let go.
     """
 
-    def __init__(self, control, ranks: tuple[int, ...], key: RunKey, where: Where) -> None:
-        self.control = control
-        self.ranks = ranks
-        self.want = dict.fromkeys(ranks, key.step)  # rank -> the step it asks for next
-        # rank -> (seconds it waited for its last message, bytes it mapped for it), told with its next request
-        self.taken = dict.fromkeys(ranks, (0.0, 0))
-        since, warned = time.monotonic(), False
-        while True:
-            kind, value = _get(control.call("open", list(ranks), key, _POLL_S, where))
-            if kind == "open":
-                break
-            warned = _warn_once(value, since, warned)
-        self.run_id = value
-        self.members = set(ranks)  # ranks still in the run: leave it on close
-        self.ahead = {rank: self._request(rank) for rank in ranks}
+    def __init__(self, client: RayClient, ranks: tuple[int, ...], key: RunKey) -> None:
+        self.client = client
+        self.liveness = client.config.liveness_timeout
+        super().__init__(client.control, ranks, key, client.where, poll=min(_POLL_S, self.liveness / 4))
 
-    def next_message(self) -> dict[int, RankMessage] | None:
-        """Every rank's next message, or None at the end of the run."""
-        messages = {}
-        since, warned = time.monotonic(), False
-        for rank in self.ranks:
-            if rank not in self.members:
-                continue
-            asked = time.monotonic()
-            while (reply := self._take(rank))[0] == "wait":
-                warned = _warn_once(reply[1], since, warned)
-                self.ahead[rank] = self._request(rank)
-            kind, value = reply
-            if kind != "step":  # the coordinator has finished the rank
-                self.members.discard(rank)
-                if kind == "error":
-                    raise value
-                continue
-            # Map the rows it reads (zero-copy on this node; pieces packed for it on other nodes cross
-            # the network once) before asking for the next message: until then the coordinator holds
-            # this one, so the owner of these objects keeps its own reference while this process
-            # borrows them. Asked for first, a rank's fetch could wait forever on an object its owner
-            # had already let go (a rank "stopped taking its queued steps").
-            value = self._fetch_sources(rank, value)
-            self.taken[rank] = (time.monotonic() - asked, sum(rows.nbytes for rows in value.sources))
-            self.want[rank] = value.last_step + 1
-            self.ahead[rank] = self._request(rank)
-            messages[rank] = value
-        return messages or None
+    def get(self, pending, rank: int) -> Reply:
+        return self.client.get(pending, rank, self.poll + self.liveness)
 
-    def _fetch_sources(self, rank: int, message: RankMessage) -> RankMessage:
-        """Map the message's sources; rows lost with a dead reader are read again (``repair``)."""
-        for attempt in range(READ_ATTEMPTS):
-            try:
-                # a copy: the control plane keeps the message it handed out, with its handles
-                return dataclasses.replace(message, sources=ray.get([held.ref for held in message.sources]))
-            except ObjectLostError:
-                if attempt == READ_ATTEMPTS - 1:
-                    raise
-                kind, repaired = _get(self.control.call("repair", rank, self.run_id, message.first_step))
-                if kind != "step":
-                    raise RuntimeError(f"rank {rank}: step {message.first_step} was lost and its run has ended")
-                message = repaired
-        raise AssertionError("unreachable")
-
-    def close(self) -> None:
-        if self.members:  # ranks that did not reach the end leave the run
-            try:
-                self.control.call("leave", sorted(self.members), self.run_id)
-            except RayActorError:
-                pass
-            self.members = set()
-        self.ahead = {}
-
-    def _request(self, rank: int):
-        return self.control.call("next", rank, self.run_id, self.want[rank], _POLL_S, self.taken[rank])
-
-    def _take(self, rank: int) -> tuple[str, object]:
+    def take(self, rank: int) -> Reply:
         """The reply to the rank's request in flight; asked again while the call fails in transit."""
         attempt = 0
         while True:
             try:
-                return _get(self.ahead.pop(rank))
+                return super().take(rank)
             except ActorUnavailableError:
                 attempt += 1
                 if attempt == ASK_ATTEMPTS:
-                    raise
+                    raise CoordinatorLost(self.client.config.name, self.client.node, rank,
+                                          f"{ASK_ATTEMPTS} calls in a row failed in transit") from None
                 time.sleep(min(0.1 * 2**attempt, 2.0))
                 self.ahead[rank] = self._request(rank)
+
+    def fetch(self, rank: int, message: RankMessage) -> tuple[RankMessage, int]:
+        """Map the message's sources; rows lost with a dead reader are read again (``repair``); rows
+        on a node that stays silent for the liveness timeout end the rank with :class:`NodeLost`."""
+        for attempt in range(READ_ATTEMPTS):
+            try:
+                # a copy: the control plane keeps the message it handed out, with its handles
+                rows = ray.get([held.ref for held in message.sources], timeout=self.liveness)
+                return dataclasses.replace(message, sources=rows), sum(r.nbytes for r in rows)
+            except GetTimeoutError:  # the rows of other nodes did not come (this node's are in place)
+                here = self.client.where.node
+                nodes = sorted({held.node for held in message.sources if held.node != here}) or [here]
+                raise NodeLost(", ".join(nodes), [], f"rank {rank} could not fetch the rows of step "
+                               f"{message.first_step} held there within liveness_timeout={self.liveness:g} s",
+                               ) from None
+            except ObjectLostError:
+                if attempt == READ_ATTEMPTS - 1:
+                    raise ReadersLost(f"rank {rank}'s rows of step {message.first_step}", READ_ATTEMPTS,
+                                      "their reader died each time they were read again") from None
+                reply = self.get(self.calls.repair(rank, self.run_id, message.first_step), rank)
+                if not isinstance(reply, Step):
+                    raise RuntimeError(f"rank {rank}: step {message.first_step} was lost and its run has ended")
+                message = reply.message
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        try:
+            super().close()
+        except RayActorError:  # the coordinator is gone: no run to leave
+            self.members, self.ahead = set(), {}
 
 
 def _exists(options: dict) -> bool:
@@ -486,21 +559,12 @@ def _wait_name_released(name: str, timeout: float = 10.0) -> None:
         time.sleep(0.05)
 
 
-def _warn_once(why: str, since: float, warned: bool) -> bool:
-    """Warn (once per blocked call) when a call has waited long: usually a rank nobody iterates."""
-    waited = time.monotonic() - since
-    if waited >= _WARN_AFTER_S and not warned:
-        warnings.warn(f"loader has waited {waited:.0f} s: {why}", RuntimeWarning, stacklevel=4)
-        return True
-    return warned
-
-
-def _get(ref):
-    """The reply of a control call: a local future's result, or ``ray.get`` that raises the remote
-    exception itself (a ValueError stays a ValueError)."""
+def _get(ref, timeout: float):
+    """A local future's result, or ``ray.get`` within ``timeout`` that raises the remote exception
+    itself (a ValueError stays a ValueError)."""
     if isinstance(ref, concurrent.futures.Future):
         return ref.result()
     try:
-        return ray.get(ref)
+        return ray.get(ref, timeout=timeout)
     except RayTaskError as exc:
         raise exc.cause from None

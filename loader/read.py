@@ -41,7 +41,7 @@ _SLACK = 1024  # bytes fetched past a row group's last column chunk: pyarrow pad
 
 
 @dataclass
-class Fetched:
+class RowGroupBytes:
     """The bytes ``[start, start + data.size)`` of a unit's file of ``size`` bytes: every carried column chunk
     of its row group, and the file's footer (``data`` None: they could not be read, and ``skip_corrupt`` skips
     the unit)."""
@@ -59,7 +59,7 @@ def read_unit(index: SourceIndex, unit: int, *, max_seq_len: int | None, skip_co
                        skip_corrupt=skip_corrupt)
 
 
-def fetch_unit(index: SourceIndex, unit: int, *, skip_corrupt: bool) -> Fetched:
+def fetch_unit(index: SourceIndex, unit: int, *, skip_corrupt: bool) -> RowGroupBytes:
     """The bytes of row group ``unit``'s carried column chunks, in one ranged read (pyarrow releases the GIL)."""
     u = index.units[unit]
     file = index.files[u.file]
@@ -76,12 +76,13 @@ def fetch_unit(index: SourceIndex, unit: int, *, skip_corrupt: bool) -> Fetched:
         raise FileNotFoundError(f"{file.path}: the file disappeared after the loader indexed it") from exc
     except _DECODE_ERRORS as exc:
         if skip_corrupt:
-            return Fetched(unit, 0, None, None)
+            return RowGroupBytes(unit, 0, None, None)
         raise _undecodable(index, unit, exc) from exc
-    return Fetched(unit, start, data, metadata, size)
+    return RowGroupBytes(unit, start, data, metadata, size)
 
 
-def decode_unit(index: SourceIndex, fetched: Fetched, *, max_seq_len: int | None, skip_corrupt: bool) -> Chunk:
+def decode_unit(index: SourceIndex, fetched: RowGroupBytes, *, max_seq_len: int | None,
+                skip_corrupt: bool) -> Chunk:
     """Decode, validate and truncate the row group ``fetched`` holds.
 
     Decoded on the calling thread (``use_threads=False``): readers run side by side, one row group

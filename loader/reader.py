@@ -23,6 +23,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from loader.assemble import pack
 from loader.clean import UnitMeta
 from loader.metrics import record_read
+from loader.control.protocol import Lost
 from loader.read import decode_unit, fetch_unit
 from loader.sources import SourceIndex
 
@@ -41,12 +42,13 @@ def reader_nodes() -> list[str]:
 
 @dataclass(frozen=True)
 class Held:
-    """A reader's object (a unit's rows or a packed piece): ``ref``, owned by reader ``reader``
-    while its process ``pid`` lives (Ray loses an object with its owner)."""
+    """A reader's object (a unit's rows or a packed piece): ``ref``, owned by reader ``reader`` on
+    ``node`` while its process ``pid`` lives (Ray loses an object with its owner)."""
 
     ref: ray.ObjectRef
     reader: int
     pid: int
+    node: str
 
 
 @ray.remote(num_cpus=0, concurrency_groups={"control": 1, "read": READ_AHEAD + 1})
@@ -84,14 +86,14 @@ class Reader:
             return chunk.meta(), ray.put(chunk.rows), os.getpid()
 
     def pack(self, pieces: dict[int, tuple[np.ndarray, np.ndarray]], refs: dict[int, ray.ObjectRef],
-             dtypes: dict[str, np.dtype]):
-        """{rank: ref of its rows ``pieces[rank]`` = (unit, row)}, this process's pid; or
-        ``("lost", error)`` when a unit's rows are gone."""
+             dtypes: dict[str, np.dtype]) -> tuple[dict[int, ray.ObjectRef], int] | Lost:
+        """({rank: ref of its rows ``pieces[rank]`` = (unit, row)}, this process's pid), or
+        :class:`loader.control.protocol.Lost` when a unit's rows are gone."""
         units = list(refs)
         try:
             held = dict(zip(units, ray.get([refs[u] for u in units])))
         except ObjectLostError as exc:
-            return "lost", str(exc)
+            return Lost(str(exc))
         return {rank: ray.put(pack(held, unit, row, dtypes)) for rank, (unit, row) in pieces.items()}, os.getpid()
 
     @ray.method(concurrency_group="control")

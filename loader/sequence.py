@@ -10,13 +10,10 @@ from collections.abc import Iterator, Mapping
 
 import torch
 
-from balancer import CostModel
 from loader.config import LoaderConfig, fingerprint
 from loader.inline import InlineClient
 from loader.microbatch import MessageSteps, Microbatch
 from loader.pipeline import Resume
-from loader.schema import Columns
-from loader.spec import DEFAULT_COMPOSE_WINDOW
 from loader.sources import index_source
 from loader.state import make_state, read_state
 
@@ -38,51 +35,18 @@ class SequenceLoader:
     a step, so heavy histories land in steps that can be balanced (``compose=False``: the shuffled order's
     steps, to compare); ``pin_memory`` pins the tensors (needs CUDA). Use as a context manager, or call
     :meth:`close`.
+
+    ``options`` are the fields of :class:`loader.config.LoaderConfig` (docs/loader.md, "Arguments"),
+    keyword-only, checked here: an unknown or bad one is a ValueError naming it and the fix.
     """
 
-    def __init__(
-        self,
-        source,
-        *,
-        ranks: int,
-        microbatches: int,
-        samples_per_step: int,
-        cost_model: CostModel | None = None,
-        max_seq_len: int | None = None,
-        max_tokens: int | None = None,
-        equal_count: bool = False,
-        seed: int = 0,
-        shuffle: bool = True,
-        drop_last: bool = False,
-        backend: str = "ray",
-        num_readers: int | None = None,
-        columns: Columns | None = None,
-        name: str | None = None,
-        ray_address: str | None = None,
-        prefetch_steps: int = 2,
-        skip_corrupt: bool = False,
-        shuffle_window: int | None = None,
-        pin_memory: bool = False,
-        planner: str = "balanced",
-        compose: bool = True,
-        compose_window: int = DEFAULT_COMPOSE_WINDOW,
-        locality: bool = True,
-        ranks_per_node: int | None = None,
-    ) -> None:
-        self.config = LoaderConfig(
-            ranks=ranks, microbatches=microbatches, samples_per_step=samples_per_step,
-            cost_model=cost_model, max_seq_len=max_seq_len, max_tokens=max_tokens,
-            equal_count=equal_count, seed=seed, shuffle=shuffle, drop_last=drop_last, backend=backend,
-            num_readers=num_readers, columns=columns, name=name, ray_address=ray_address,
-            prefetch_steps=prefetch_steps, skip_corrupt=skip_corrupt, shuffle_window=shuffle_window,
-            pin_memory=pin_memory, planner=planner, compose=compose, compose_window=compose_window,
-            locality=locality, ranks_per_node=ranks_per_node,
-        )  # fmt: skip
-        if pin_memory and not torch.cuda.is_available():
+    def __init__(self, source, **options) -> None:
+        self.config = LoaderConfig.of(options)
+        if self.config.pin_memory and not torch.cuda.is_available():
             raise ValueError("pin_memory=True needs a CUDA device, and torch sees none; pass pin_memory=False")
-        self.index = index_source(source, columns=self.config.contract, skip_corrupt=skip_corrupt)
+        self.index = index_source(source, columns=self.config.contract, skip_corrupt=self.config.skip_corrupt)
         self.fingerprint = fingerprint(self.index, self.config)
-        if backend == "ray":
+        if self.config.backend == "ray":
             from loader.ray_backend import RayClient  # Ray is imported only when used
 
             self._client = RayClient(self.index, self.config, self.fingerprint)

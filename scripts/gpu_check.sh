@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # One command for a CUDA machine (issue 26, item 7): build cuda_ext, run the GPU tests, run the GPU benches.
 # Needs no Ray and no install of the project: python (torch with CUDA, numba, pyarrow, pytest, triton) and nvcc,
-# with the repository root on PYTHONPATH. Each step has a time limit (together 570 s, under 10 minutes); a step
+# with the repository root on PYTHONPATH. Each step has a time limit (together 590 s, under 10 minutes); a step
 # that fails or runs out of time does not stop the later ones, and the script then exits 1.
 #
 #   scripts/gpu_check.sh [OUT]        (or: make gpu-check OUT=... PYTHON=...)
 #
-# OUT (default out/gpu) receives one log per step, overlap_gpu.json and train_gpu.json, and summary.txt.
+# OUT (default out/gpu) receives one log per step, overlap_gpu.json, train_gpu.json, attention_gpu.json and
+# summary.txt.
 # PYTHON (default python3) is the interpreter.
 set -uo pipefail
 
@@ -68,10 +69,11 @@ step() {
 }
 
 command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L > "$OUT/nvidia-smi.txt" 2>&1
-step build 60 "$PYTHON" -m cuda_ext.build
-step pytest_gpu 240 "$PYTHON" -m pytest -m gpu -rs tests/cuda_ext tests/bench tests/trainer
-step overlap_gpu 90 "$PYTHON" bench/overlap_gpu.py --json-out "$OUT/overlap_gpu.json"
-step train_gpu 180 "$PYTHON" bench/train_gpu.py --json-out "$OUT/train_gpu.json"
+step build 45 "$PYTHON" -m cuda_ext.build
+step pytest_gpu 260 "$PYTHON" -m pytest -m gpu -rs tests/cuda_ext tests/bench tests/trainer
+step overlap_gpu 75 "$PYTHON" bench/overlap_gpu.py --json-out "$OUT/overlap_gpu.json"
+step train_gpu 150 "$PYTHON" bench/train_gpu.py --json-out "$OUT/train_gpu.json"
+step attention_gpu 60 "$PYTHON" bench/attention_gpu.py --json-out "$OUT/attention_gpu.json"
 
 if [ "${#failed[@]}" -gt 0 ]; then
     echo "gpu_check: ${#failed[@]} step(s) failed: ${failed[*]} (logs in $OUT)" | tee -a "$summary" >&2

@@ -132,3 +132,32 @@ def test_only_the_binding_module_calls_into_the_cuda_library():
 def test_no_import_cycle_between_packages():
     edges = package_edges()
     assert find_cycle(edges) is None, f"import cycle between packages: {' -> '.join(find_cycle(edges))}"
+
+
+# loader/'s houses (issue 27): the pure stages import neither Ray nor torch nor asyncio; the control plane
+# (loader/control/) imports neither Ray nor torch; Ray is imported only by its shells
+LOADER_STAGES = ("assemble", "clean", "config", "convert", "kernels", "lengths", "nodes", "order", "pipeline", "read",
+                 "rows", "schema", "sources", "spec", "state", "stats", "errors")
+RAY_SHELLS = ("loader/ray_backend.py", "loader/reader.py", "loader/metrics.py", "loader/ray_train.py")
+
+
+def _loader_imports(files: list[str], forbidden: tuple[str, ...]) -> list[str]:
+    return sorted(f"{file}: {name}" for file in files for name in GRAPH["loader"][file]
+                  if name.split(".")[0] in forbidden)
+
+
+def test_the_loaders_stages_import_neither_ray_nor_torch_nor_asyncio():
+    files = [f"loader/{stage}.py" for stage in LOADER_STAGES]
+    assert set(files) <= set(GRAPH["loader"]), "a stage module moved: update LOADER_STAGES"
+    assert _loader_imports(files, ("ray", "torch", "asyncio")) == []
+
+
+def test_the_control_plane_imports_no_ray_and_no_torch():
+    files = [f for f in GRAPH["loader"] if f.startswith("loader/control/")]
+    assert "loader/control/service.py" in files and "loader/control/protocol.py" in files
+    assert _loader_imports(files, ("ray", "torch")) == [], "loader/control/ is plain asyncio: both backends run it"
+
+
+def test_only_the_ray_shells_import_ray():
+    users = sorted(f for f, names in GRAPH["loader"].items() if any(n.split(".")[0] == "ray" for n in names))
+    assert users == sorted(RAY_SHELLS)

@@ -5,23 +5,29 @@ concatenated, ``offsets`` int64 ``(n + 1,)`` are the cu_seqlens (sample i owns t
 ``offsets[i]:offsets[i + 1]``). Token t attends to the tokens of its own sample at positions <= its own;
 nothing crosses a sample boundary.
 
-Two paths, one math:
+Three paths, one math, picked by ``AttentionImpl`` (``AUTO``: triton for HSTU on CUDA, flex for softmax on
+CUDA, grouped on the CPU):
 
-- **grouped** (CPU, and HSTU on CUDA): samples are sorted by length and cut into groups whose longest
+- **triton** (HSTU only; the default on CUDA): ``trainer.hstu_triton``, a fused jagged kernel (forward and
+  backward) whose programs each own one block of one sample's queries (or keys) and visit only the blocks at
+  and below the diagonal: work ~ sum_i L_i^2, nothing padded, nothing of size T^2 stored. Needs triton
+  (imported only when this path runs); on the CPU it runs only under Triton's interpreter (tests).
+- **grouped** (CPU default, any kind): samples are sorted by length and cut into groups whose longest
   member is at most 5/4 of its shortest (``length_groups``); each group is gathered into a
   ``(G, L_g, H, D)`` block, right-padded to its own longest length, and computed with batched matmuls.
   Right padding needs no extra mask: a real query i only sees keys j <= i < L, and padded queries are
   dropped. The work is sum_g G * L_g^2 <= (25/16) * sum_i L_i^2, never n * max_len^2.
-- **flex** (CUDA, ``kind="softmax"``): ``flex_attention`` with a document + causal block mask over the
-  whole ``T`` tokens; the bias enters as a ``score_mod``. flex_attention always normalises with a
-  softmax, so it cannot express HSTU's pointwise SiLU attention; a fused jagged HSTU kernel belongs to
-  ``cuda_ext``, until then HSTU runs the grouped path on the GPU too.
+- **flex** (softmax only; the default for softmax on CUDA): ``flex_attention`` with a document + causal block
+  mask over the whole ``T`` tokens; the bias enters as a ``score_mod``. flex_attention always normalises
+  with a softmax, so it cannot express HSTU's pointwise SiLU attention (that is the triton path's job).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Literal
 
 import torch
@@ -29,6 +35,29 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 Kind = Literal["hstu", "softmax"]
+
+
+class AttentionImpl(StrEnum):
+    """Which path computes ``jagged_attention`` (module docstring)."""
+
+    AUTO = "auto"  # CUDA: TRITON for HSTU (GROUPED without triton), FLEX for softmax; CPU: GROUPED
+    GROUPED = "grouped"  # batched matmuls over groups of similar lengths; any device, any kind
+    FLEX = "flex"  # compiled flex_attention; softmax only
+    TRITON = "triton"  # trainer.hstu_triton's fused kernel; HSTU only, CUDA (or the CPU under TRITON_INTERPRET=1)
+
+    @classmethod
+    def parse(cls, name: str) -> AttentionImpl:
+        """The implementation called ``name``; an error that lists the choices otherwise."""
+        try:
+            return cls(name)
+        except ValueError:
+            raise ValueError(f"attention implementation {name!r} is not one of {[m.value for m in cls]}") from None
+
+
+def triton_available() -> bool:
+    """Whether triton can be imported (CUDA builds of torch ship it; the CPU build does not)."""
+    return importlib.util.find_spec("triton") is not None
+
 
 _GROUP_RATIO = (5, 4)  # a group's longest sample is at most 5/4 of its shortest
 _EXACT_DISTANCES = 16  # relative distances below this get a bucket each; beyond, 4 buckets per octave
@@ -182,6 +211,7 @@ def jagged_attention(
     kind: Kind = "hstu",
     bias: JaggedBias | None = None,
     max_len: int | None = None,
+    impl: AttentionImpl | str = AttentionImpl.AUTO,
 ) -> Tensor:
     """Causal attention inside each sample of a jagged batch: ``(T, H, D)`` x3 -> ``(T, H, D)``.
 
@@ -193,8 +223,8 @@ def jagged_attention(
     - ``kind="softmax"``: ``softmax(q k^T / sqrt(D) + bias)`` over the causal keys, output ``A v``.
 
     ``bias``: a ``RelativeBias`` bound to this batch (``rel_bias(offsets, timestamps)``) or None.
-    ``max_len``: when given, a sample longer than it is an error. Compute is proportional to
-    sum L_i^2 (module docstring).
+    ``max_len``: when given, a sample longer than it is an error. ``impl``: the path (``AttentionImpl``);
+    every path's compute is proportional to sum L_i^2 (module docstring).
     """
     if kind not in ("hstu", "softmax"):
         raise ValueError(f"jagged_attention: kind={kind!r}; use 'hstu' or 'softmax'")
@@ -218,9 +248,40 @@ def jagged_attention(
             f"jagged_attention: a sample has {int(lengths.max())} tokens, more than max_len={max_len}; "
             "truncate histories to max_len (SequenceLoader(max_seq_len=...)) or raise max_len"
         )
-    if q.is_cuda and kind == "softmax":
+    impl = resolve_impl(impl, kind, q.device)
+    if impl is AttentionImpl.TRITON:
+        return _triton_module().hstu_attention(q, k, v, offsets, bias, max_len)
+    if impl is AttentionImpl.FLEX:
         return _flex_attention(q, k, v, offsets, bias)
     return _grouped_attention(q, k, v, offsets, kind, bias, max_len)
+
+
+def resolve_impl(impl: AttentionImpl | str, kind: Kind, device: torch.device) -> AttentionImpl:
+    """The path that runs ``kind`` on ``device`` for ``impl`` (AUTO resolved); an error for a path that cannot."""
+    impl = AttentionImpl.parse(impl) if isinstance(impl, str) else impl
+    if impl is AttentionImpl.AUTO:
+        if device.type != "cuda":
+            return AttentionImpl.GROUPED
+        if kind == "softmax":
+            return AttentionImpl.FLEX
+        return AttentionImpl.TRITON if triton_available() else AttentionImpl.GROUPED
+    if impl is AttentionImpl.TRITON and kind != "hstu":
+        raise ValueError("jagged_attention: impl=triton computes HSTU's SiLU attention only; for kind='softmax' "
+                         "use impl=flex (CUDA) or impl=grouped")
+    if impl is AttentionImpl.FLEX and kind != "softmax":
+        raise ValueError("jagged_attention: impl=flex normalises with a softmax and cannot express kind='hstu'; "
+                         "use impl=triton (CUDA) or impl=grouped")
+    return impl
+
+
+def _triton_module():
+    """trainer.hstu_triton, imported on first use; a clear error without triton."""
+    if not triton_available():
+        raise ImportError("jagged_attention(impl=triton) needs triton: pip install 'triton>=3.2' (CUDA builds of "
+                          "torch ship it), or use impl=grouped")
+    from trainer import hstu_triton
+
+    return hstu_triton
 
 
 def _grouped_attention(q, k, v, offsets, kind, bias, max_len):

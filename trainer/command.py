@@ -17,7 +17,7 @@ def run(args: argparse.Namespace) -> int:
             balance=args.balance == "on", compose=args.compose == "on", overlap=args.overlap == "on",
             metrics_out=args.metrics_out, microbatches=args.microbatches,
             samples_per_step=args.samples_per_step, d_model=args.d_model, num_layers=args.layers,
-            num_heads=args.heads, attention=args.attention, dropout=args.dropout, max_len=args.max_len,
+            num_heads=args.heads, attention=args.attention, attention_impl=args.attention_impl, dropout=args.dropout, max_len=args.max_len,
             negatives=args.negatives, lr=args.lr, emb_lr=args.emb_lr, seed=args.seed, loader_backend=args.loader,
             ray_address=args.ray_address, work_dir=args.work_dir, compress_eb=args.compress_eb,
         )

@@ -33,6 +33,7 @@ class TrainConfig:
     num_layers: int = 2
     num_heads: int = 2
     attention: str = "hstu"
+    attention_impl: str = "auto"  # trainer.attention.AttentionImpl: auto, grouped, flex or triton
     dropout: float = 0.2
     max_len: int = 200
     negatives: int = 128

@@ -13,12 +13,13 @@ row-wise Adagrad, and the compressed exchanges' bounds move on.
 
 from __future__ import annotations
 
-import time
+import itertools
 from collections import deque
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
 import torch
+from torch.profiler import record_function
 
 from loader import SequenceLoader
 from loader.microbatch import Microbatch
@@ -90,16 +91,16 @@ class RankTrainer:
         self.cfg, self.split, self.placement = cfg, split, placement
         self.place, self.device = placement.place, placement.device
         torch.manual_seed(cfg.seed)  # dense parameters: the same initial values on every rank
-        self.collectives = Collectives()
+        self.collectives = Collectives(placement.clock())
         self.exchanges = Exchanges.build(cfg, placement, self.collectives)
         self.table = ShardedEmbedding(split.num_items, cfg.d_model, exchange=self.exchanges.table,
                                       init_seed=cfg.seed, lr=cfg.emb_lr, device=self.device,
                                       fetch_exchange=self.exchanges.fetch)
         self.model = HSTU(cfg.d_model, cfg.num_layers, cfg.num_heads, attention=cfg.attention, max_len=cfg.max_len,
-                          dropout=cfg.dropout).to(self.device)
+                          dropout=cfg.dropout, attention_impl=cfg.attention_impl).to(self.device)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr)
         self.scheduler = OverlapScheduler(self.table, overlap=cfg.overlap, prefetch_exchange=self.exchanges.prefetch)
-        self.losses: list[float] = []  # per microbatch, this rank's share
+        self.losses: list[torch.Tensor] = []  # per microbatch, this rank's share (read at the step's record)
         self._pending: deque[list[Prepared]] = deque()  # steps handed to the scheduler, not yet recorded
 
     def open_loader(self) -> SequenceLoader:
@@ -113,11 +114,10 @@ class RankTrainer:
     def run(self, loader: SequenceLoader) -> list[StepRecord]:
         """``cfg.steps`` steps (epochs cycled); one record per step."""
         records = []
-        started = time.perf_counter()
+        self.collectives.begin()
         for stats in self.scheduler.run(self._steps(loader), ids=lambda mb: mb.ids.to(self.device),
                                         compute=self._compute, step_end=self._step_end):
-            records.append(self._record(self._pending.popleft(), stats, time.perf_counter() - started))
-            started = time.perf_counter()
+            records.append(self._record(self._pending.popleft(), stats))
         return records
 
     def _steps(self, loader: SequenceLoader) -> Iterator[list[Prepared]]:
@@ -125,11 +125,17 @@ class RankTrainer:
         cfg, rank = self.cfg, self.place.rank
         taken, epoch = 0, 0
         while taken < cfg.steps:
-            for number, step in enumerate(_chunks(loader.iter_rank(rank, epoch), cfg.microbatches)):
+            batches = _chunks(loader.iter_rank(rank, epoch), cfg.microbatches)
+            for number in itertools.count():
+                with record_function("## data: next step ##"):
+                    step = next(batches, None)
+                if step is None:
+                    break
                 if taken == cfg.steps:
                     return
-                targets = torch.tensor([sum(num_targets(mb.offsets) for mb in step)], dtype=torch.int64)
-                self.collectives.timed(self.placement.host.all_reduce, targets)
+                with record_function("## data: global target count ##"):
+                    targets = torch.tensor([sum(num_targets(mb.offsets) for mb in step)], dtype=torch.int64)
+                    self.collectives.timed(self.placement.host.all_reduce, targets)
                 prepared = [self._prepare(mb, epoch, number, max(int(targets), 1)) for mb in step]
                 self._pending.append(prepared)
                 yield prepared
@@ -144,30 +150,40 @@ class RankTrainer:
 
     def _compute(self, mb: Prepared, emb: torch.Tensor) -> None:
         t, offsets = mb.rows.numel(), mb.offsets.to(self.device)
-        hidden = self.model(emb[:t], offsets)
-        loss = sampled_softmax_loss(hidden, offsets, mb.rows.to(self.device), emb[:t], mb.neg_rows.to(self.device),
-                                    emb[t:], temperature=self.cfg.temperature, normalizer=mb.normalizer)
-        loss.backward()
-        self.losses.append(float(loss.detach()))
+        with record_function("## forward ##"):
+            hidden = self.model(emb[:t], offsets)
+        with record_function("## loss ##"):
+            loss = sampled_softmax_loss(hidden, offsets, mb.rows.to(self.device), emb[:t],
+                                        mb.neg_rows.to(self.device), emb[t:], temperature=self.cfg.temperature,
+                                        normalizer=mb.normalizer)
+        with record_function("## backward ##"):
+            loss.backward()
+        self.losses.append(loss.detach())
 
     def _step_end(self) -> None:
-        for p in self.model.parameters():
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            self.collectives.timed(self.placement.device_group.all_reduce, p.grad)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=False)
+        with record_function("## dense: gradient all-reduce ##"):
+            for p in self.model.parameters():
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                self.collectives.timed(self.placement.device_group.all_reduce, p.grad)
+        with record_function("## optimizer: dense ##"):
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=False)
         self.exchanges.step()
 
-    def _record(self, step: list[Prepared], stats: StepStats, wall: float) -> StepRecord:
-        """The step's record: every collective of the step, prefetches included, ran on this thread and is timed."""
-        wait, comm = self.collectives.settle(self.placement.host)
-        return StepRecord(
-            step=stats.step, rank=self.place.rank, step_s=wall, compute_s=max(0.0, wall - wait - comm),
-            comm_s=comm, wait_s=wait, loss=sum(self.losses[-len(step):]),
-            samples=sum(mb.samples for mb in step), tokens=sum(mb.rows.numel() for mb in step),
-            exclusive_rows=stats.exclusive, collided_rows=stats.collisions, hidden_comm_s=stats.hidden_s,
-            bins=[mb.features() for mb in step])
+    def _record(self, step: list[Prepared], stats: StepStats) -> StepRecord:
+        """The step's record: every collective of the step (prefetches and the gradient all-to-alls of
+        backward included) is a span of `self.collectives`, read here once."""
+        times = self.collectives.settle(self.placement.host)
+        with record_function("## metrics: step record ##"):
+            losses = self.losses[-len(step):]  # one read of the step's losses (one device sync on a GPU)
+            self.losses.clear()
+            return StepRecord(
+                step=stats.step, rank=self.place.rank, step_s=times.step_s, compute_s=times.compute_s,
+                comm_s=times.comm_s, wait_s=times.wait_s, loss=sum(torch.stack(losses).tolist()),
+                samples=sum(mb.samples for mb in step), tokens=sum(mb.rows.numel() for mb in step),
+                exclusive_rows=stats.exclusive, collided_rows=stats.collisions, hidden_comm_s=times.hidden_s,
+                bins=[mb.features() for mb in step])
 
 
 def _chunks(microbatches: Iterable[Microbatch], size: int) -> Iterator[list[Microbatch]]:

@@ -22,8 +22,9 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.profiler import record_function
 
-from trainer.attention import RelativeBias, jagged_attention, jagged_positions
+from trainer.attention import AttentionImpl, RelativeBias, jagged_attention, jagged_positions, resolve_impl
 
 
 class _AttentionBlock(nn.Module):
@@ -31,9 +32,10 @@ class _AttentionBlock(nn.Module):
 
     kind: str
 
-    def __init__(self, d_model: int, num_heads: int, *, max_len: int, dropout: float, time_bias: bool):
+    def __init__(self, d_model: int, num_heads: int, *, max_len: int, dropout: float, time_bias: bool,
+                 impl: AttentionImpl = AttentionImpl.AUTO):
         super().__init__()
-        self.num_heads, self.max_len = num_heads, max_len
+        self.num_heads, self.max_len, self.impl = num_heads, max_len, impl
         self.norm = nn.LayerNorm(d_model)
         self.bias = RelativeBias(num_heads, max_len, time_bias=time_bias)
         self.dropout = nn.Dropout(dropout)
@@ -42,10 +44,11 @@ class _AttentionBlock(nn.Module):
         """``(T, d)`` x3 -> ``(T, d)``: split into heads, ``jagged_attention`` of this block's kind, merge."""
         total, d_model = q.shape
         heads = (total, self.num_heads, d_model // self.num_heads)
-        return jagged_attention(
-            q.reshape(heads), k.reshape(heads), v.reshape(heads), offsets,
-            kind=self.kind, bias=self.bias(offsets, timestamps), max_len=self.max_len,
-        ).reshape(total, d_model)
+        with record_function(f"## attention: {self.kind} ##"):
+            return jagged_attention(
+                q.reshape(heads), k.reshape(heads), v.reshape(heads), offsets,
+                kind=self.kind, bias=self.bias(offsets, timestamps), max_len=self.max_len, impl=self.impl,
+            ).reshape(total, d_model)
 
 
 class HSTUBlock(_AttentionBlock):
@@ -53,8 +56,9 @@ class HSTUBlock(_AttentionBlock):
 
     kind = "hstu"
 
-    def __init__(self, d_model: int, num_heads: int, *, max_len: int, dropout: float, time_bias: bool):
-        super().__init__(d_model, num_heads, max_len=max_len, dropout=dropout, time_bias=time_bias)
+    def __init__(self, d_model: int, num_heads: int, *, max_len: int, dropout: float, time_bias: bool,
+                 impl: AttentionImpl = AttentionImpl.AUTO):
+        super().__init__(d_model, num_heads, max_len=max_len, dropout=dropout, time_bias=time_bias, impl=impl)
         self.f1 = nn.Linear(d_model, 4 * d_model)
         self.attn_norm = nn.LayerNorm(d_model)
         self.f2 = nn.Linear(d_model, d_model)
@@ -71,8 +75,9 @@ class SoftmaxBlock(_AttentionBlock):
 
     kind = "softmax"
 
-    def __init__(self, d_model: int, num_heads: int, *, max_len: int, dropout: float, time_bias: bool):
-        super().__init__(d_model, num_heads, max_len=max_len, dropout=dropout, time_bias=time_bias)
+    def __init__(self, d_model: int, num_heads: int, *, max_len: int, dropout: float, time_bias: bool,
+                 impl: AttentionImpl = AttentionImpl.AUTO):
+        super().__init__(d_model, num_heads, max_len=max_len, dropout=dropout, time_bias=time_bias, impl=impl)
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.proj = nn.Linear(d_model, d_model)
         self.ffn_norm = nn.LayerNorm(d_model)
@@ -91,7 +96,8 @@ class HSTU(nn.Module):
     ``forward(x (T, d_model), offsets (n + 1,), timestamps (T,) | None) -> (T, d_model)``: hidden state
     of every token, final-LayerNormed (module docstring). ``max_len`` bounds sample length (position
     table, relative-distance buckets, HSTU's attention divisor); ``time_bias`` adds the log-bucketed
-    time-gap bias and then needs ``timestamps``.
+    time-gap bias and then needs ``timestamps``. ``attention_impl`` picks the attention kernel
+    (``trainer.attention.AttentionImpl``; AUTO: the fused Triton kernel for HSTU on CUDA, grouped on the CPU).
     """
 
     def __init__(
@@ -104,6 +110,7 @@ class HSTU(nn.Module):
         max_len: int,
         dropout: float = 0.0,
         time_bias: bool = False,
+        attention_impl: AttentionImpl | str = AttentionImpl.AUTO,
     ):
         super().__init__()
         if attention not in ("hstu", "softmax"):
@@ -114,13 +121,15 @@ class HSTU(nn.Module):
             raise ValueError(f"HSTU: num_layers={num_layers} and max_len={max_len} must be >= 1")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"HSTU: dropout={dropout} must be in [0, 1)")
+        impl = AttentionImpl.parse(attention_impl) if isinstance(attention_impl, str) else attention_impl
+        resolve_impl(impl, attention, torch.device("cpu"))  # an impl that cannot compute this kind fails here
         self.d_model, self.max_len, self.time_bias = d_model, max_len, time_bias
         self.positions = nn.Embedding(max_len, d_model)
         nn.init.normal_(self.positions.weight, std=0.02)
         self.dropout = nn.Dropout(dropout)
         block = HSTUBlock if attention == "hstu" else SoftmaxBlock
         self.blocks = nn.ModuleList(
-            block(d_model, num_heads, max_len=max_len, dropout=dropout, time_bias=time_bias)
+            block(d_model, num_heads, max_len=max_len, dropout=dropout, time_bias=time_bias, impl=impl)
             for _ in range(num_layers)
         )
         self.final_norm = nn.LayerNorm(d_model)

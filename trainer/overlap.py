@@ -15,11 +15,11 @@ Every row is therefore read exactly as the non-overlapped schedule reads it: sam
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Sequence, TypeVar
 
 from torch import Tensor
+from torch.profiler import record_function
 
 from trainer.embedding import Fetch, PendingFetch, ShardedEmbedding
 from trainer.transport.base import Exchange
@@ -32,17 +32,13 @@ class StepStats:
     """One step of one rank.
 
     exclusive, collisions: unique rows of the next step's first microbatch fetched before this step's update
-    and after it (0 and 0 without overlap or on the last step). exposed_s: seconds the main thread spent in
-    or waiting for embedding fetches. hidden_s: seconds prefetched rows were under way while compute ran (from
-    each start's return to its wait): what the overlap hid where the wait then blocked, at most that where
-    the rows arrived earlier.
+    and after it (0 and 0 without overlap or on the last step). The scheduler keeps no clock: the exchanges it
+    is given time themselves (`trainer.instrument.TimedExchange`), hidden and exposed communication included.
     """
 
     step: int
     exclusive: int = 0
     collisions: int = 0
-    exposed_s: float = 0.0
-    hidden_s: float = 0.0
 
 
 class OverlapScheduler:
@@ -72,14 +68,11 @@ class OverlapScheduler:
 
     def _run_plain(self, steps, ids, compute, step_end) -> Iterator[StepStats]:
         for number, microbatches in enumerate(steps):
-            stats = StepStats(number)
             for mb in microbatches:
-                start = time.perf_counter()
                 fetch = self.embedding.fetch(ids(mb))
-                stats.exposed_s += time.perf_counter() - start
                 compute(mb, self.embedding.gather(fetch))
             self._update(step_end)
-            yield stats
+            yield StepStats(number)
 
     def _run_overlapped(self, steps, ids, compute, step_end) -> Iterator[StepStats]:
         it = iter(steps)
@@ -92,46 +85,29 @@ class OverlapScheduler:
                 raise ValueError(f"step {number} has no microbatches; every step needs M >= 1 on every rank")
             stats = StepStats(number)
             if ready is None:
-                ready = self._wait(self._start(ids(current[0]), False, stats), stats)
+                ready = self._start(ids(current[0]), False).wait()
             for k, mb in enumerate(current):
                 if k + 1 < len(current):
-                    pending = self._start(ids(current[k + 1]), False, stats)
+                    pending = self._start(ids(current[k + 1]), False)
                 elif following is not None and len(following):
-                    pending = self._start(ids(following[0]), True, stats)
+                    pending = self._start(ids(following[0]), True)
                 else:
                     pending = None
                 compute(mb, self.embedding.gather(ready))
-                ready = self._wait(pending, stats)  # before the update below: nothing under way crosses it
+                ready = None if pending is None else pending.wait()  # before the update: nothing under way crosses it
             self._update(step_end)
             if ready is not None and ready.pending:
                 stats.exclusive, stats.collisions = ready.exclusive, ready.collisions
-                start = time.perf_counter()
                 self.embedding.fetch_deferred(ready, exchange=self.prefetch_exchange)
-                stats.exposed_s += time.perf_counter() - start
             yield stats
             current, number = following, number + 1
 
-    def _start(self, ids: Tensor, after_update: bool, stats: StepStats) -> tuple[PendingFetch, float]:
-        """Start the fetch of ids over the prefetch group; (its handle, when the start returned)."""
-        start = time.perf_counter()
-        pending = self.embedding.start_fetch(ids, exchange=self.prefetch_exchange, after_update=after_update)
-        started = time.perf_counter()
-        stats.exposed_s += started - start
-        return pending, started
-
-    @staticmethod
-    def _wait(started: tuple[PendingFetch, float] | None, stats: StepStats) -> Fetch | None:
-        """The started fetch, complete; its rows' time under way counts as hidden, the blocked wait as exposed."""
-        if started is None:
-            return None
-        pending, since = started
-        start = time.perf_counter()
-        fetch = pending.wait()
-        stats.hidden_s += start - since
-        stats.exposed_s += time.perf_counter() - start
-        return fetch
+    def _start(self, ids: Tensor, after_update: bool) -> PendingFetch:
+        """Start the fetch of ids over the prefetch group."""
+        return self.embedding.start_fetch(ids, exchange=self.prefetch_exchange, after_update=after_update)
 
     def _update(self, step_end: Callable[[], None] | None) -> None:
         if step_end is not None:
             step_end()
-        self.embedding.step()
+        with record_function("## optimizer: embedding rows ##"):
+            self.embedding.step()

@@ -10,9 +10,10 @@ and builds the two groups every collective of the trainer goes through:
     device  nccl on CUDA, gloo on CPU   tensors on the rank's device: dense gradients, the whole table
 
 and, for the transports (`trainer.transport.Transport` says which kind each needs), a group of that kind, or
-a new one for the prefetch (NCCL's with a high-priority stream). The trainer never uses the default group:
-under ``--backend nccl`` it is an NCCL group, and a host tensor there fails at the first step ("No backend
-type associated with device type cpu"). Each `Group` checks that its tensors are on the device it serves
+a new one for the prefetch (NCCL's with a high-priority stream). It also picks the clock that times the
+rank's work (`clock()`: CUDA events on the device's stream, or the wall clock on the CPU; `trainer.timing`).
+The trainer never uses the default group: under ``--backend nccl`` it is an NCCL group, and a host tensor
+there fails at the first step ("No backend type associated with device type cpu"). Each `Group` checks that its tensors are on the device it serves
 before it calls ``torch.distributed``, so such a mistake is named where it is made.
 """
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from trainer.timing import Clock, CudaEventClock, WallClock
 from trainer.transport import Exchange, GroupKind, Transport, make_exchange
 from trainer.transport.compressed import ErrorBoundSchedule
 
@@ -151,6 +153,11 @@ class Placement:
             yield cls(place, backend, device, host, on_device, [host, on_device])
         finally:
             dist.destroy_process_group()
+
+    def clock(self) -> Clock:
+        """The clock that times this rank's work (`trainer.timing`): CUDA events on the device's stream on a GPU,
+        the wall clock on the CPU."""
+        return CudaEventClock(self.device) if self.device.type == "cuda" else WallClock()
 
     def group(self, kind: GroupKind) -> Group:
         """The shared group of `kind`."""

@@ -158,6 +158,40 @@ def members(lists, b, costs):
     return out[np.argsort(costs[out], kind="mergesort")]
 
 
+class SortedMembers(NamedTuple):
+    """Every bin's samples by (cost, index), sorted once: bin b's are ``order[first[b]:first[b + 1]]`` while
+    ``changed[b]`` is False; a search sets it when a step changes the bin, which is then read from its list."""
+
+    order: np.ndarray  # int64 (N,)
+    first: np.ndarray  # int64 (n_bins + 1,)
+    changed: np.ndarray  # bool (n_bins,)
+
+
+@njit(cache=True, nogil=True)
+def sorted_members(bins, costs, n_bins):
+    """``SortedMembers`` of ``bins``: a stable counting sort by bin of the samples in (cost, index) order."""
+    by_cost = np.argsort(costs, kind="mergesort")
+    first = np.zeros(n_bins + 1, dtype=np.int64)
+    for i in range(bins.shape[0]):
+        first[bins[i] + 1] += 1
+    for b in range(n_bins):
+        first[b + 1] += first[b]
+    fill = first[:-1].copy()
+    order = np.empty(bins.shape[0], dtype=np.int64)
+    for i in by_cost:
+        order[fill[bins[i]]] = i
+        fill[bins[i]] += 1
+    return SortedMembers(order, first, np.zeros(n_bins, dtype=np.bool_))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def members_of(cache, lists, b, costs):
+    """``members(lists, b, costs)``, from ``cache`` (``SortedMembers``) while bin b is unchanged (no copy)."""
+    if cache.changed[b]:
+        return members(lists, b, costs)
+    return cache.order[cache.first[b] : cache.first[b + 1]]
+
+
 @njit(cache=True, nogil=True, inline="always")
 def before(values, a, b):
     """``a`` sorts before ``b`` by (value, index)."""

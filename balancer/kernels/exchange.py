@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from balancer.kernels.common import fill_of, member_lists, members, relink, shift
+from balancer.kernels.common import before, fill_of, member_lists, members_of, relink, shift, sorted_members
 
 
 @njit(cache=True, nogil=True)
@@ -50,6 +50,31 @@ def _greedy_set(x, ys, costs, low, high, out):
 
 
 @njit(cache=True, nogil=True)
+def _resorted(order, values, a, b):
+    """``order`` (bins by (value, bin id)) again after ``values`` of bins ``a`` and ``b`` changed: the two
+    taken out and merged back in, int64 (n_bins,) (the stable ``argsort(values)`` in O(n_bins))."""
+    skip_a, skip_b = a, b
+    if before(values, b, a):
+        a, b = b, a
+    out = np.empty_like(order)
+    k = 0
+    for p in order:
+        if p == skip_a or p == skip_b:
+            continue
+        while a >= 0 and before(values, a, p):
+            out[k] = a
+            k += 1
+            a, b = b, -1
+        out[k] = p
+        k += 1
+    while a >= 0:
+        out[k] = a
+        k += 1
+        a, b = b, -1
+    return out
+
+
+@njit(cache=True, nogil=True)
 def exchange(bins, costs, lengths, threshold, rules, max_work):
     """Brings bins over their ``threshold`` (float64 (n_bins,)) down by one-for-a-set exchanges under
     ``rules``; ``bins`` in place.
@@ -67,6 +92,7 @@ def exchange(bins, costs, lengths, threshold, rules, max_work):
         return 0
     over = over[np.argsort(-excess[over], kind="mergesort")]
     lists = member_lists(bins, n_bins)
+    cache = sorted_members(bins, costs, n_bins)
     picked = np.empty(n, dtype=np.int64)
     done = work = 0
     partners = np.argsort(excess, kind="mergesort")  # most room first; re-sorted after each exchange
@@ -75,13 +101,13 @@ def exchange(bins, costs, lengths, threshold, rules, max_work):
             break
         eb = excess[b]
         rb = b // microbatches
-        xs = members(lists, b, costs)
+        xs = members_of(cache, lists, b, costs)
         for t in partners:
             if -excess[t] < eb or work >= max_work:
                 break
             if t == b or (quotas and t // microbatches != rb):
                 continue
-            ys = members(lists, t, costs)
+            ys = members_of(cache, lists, t, costs)
             work += xs.shape[0] * (ys.shape[0] + 1)
             hit = -1
             k = -1
@@ -106,7 +132,8 @@ def exchange(bins, costs, lengths, threshold, rules, max_work):
                 shift(fill, picked[p], t, b, costs, lengths)
             excess[b] = loads[b] - threshold[b]
             excess[t] = loads[t] - threshold[t]
-            partners = np.argsort(excess, kind="mergesort")
+            cache.changed[b] = cache.changed[t] = True
+            partners = _resorted(partners, excess, b, t)
             work += n_bins
             done += 1
             break

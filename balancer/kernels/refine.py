@@ -19,7 +19,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from balancer.kernels.common import MemberLists, fill_of, lightest, member_lists, members, relink
+from balancer.kernels.common import MemberLists, SortedMembers, fill_of, lightest, member_lists, members_of, relink, sorted_members
 
 _PARTNER_BATCH = 32  # refine tries the lightest bins first and sorts them all only if none helps
 
@@ -34,7 +34,7 @@ def bin_thresholds(level, tolerance, exact_level):
 
 class _Search(NamedTuple):
     """``refine``'s state: the samples' costs and lengths, and per bin (kept current) cost, tokens, excess and
-    threshold, per rank the sample count, and the member lists."""
+    threshold, per rank the sample count, the member lists and each bin's members sorted once."""
 
     costs: np.ndarray
     lengths: np.ndarray
@@ -44,6 +44,7 @@ class _Search(NamedTuple):
     threshold: np.ndarray
     rank_counts: np.ndarray
     lists: MemberLists
+    sorted: SortedMembers
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -57,7 +58,7 @@ def _pair_score(eb, lb, tb, lt, tt, d):
 def _best_step(b, t, xs, ys, search, rules):
     """Best move (x from b to t, y = -1) or swap (x in b with y in t) lowering the pair's max excess:
     (score, x, y), x = -1 when none helps. ``xs``/``ys``: members of b/t sorted by (cost, index)."""
-    costs, lengths, loads, tokens, excess, threshold, rank_counts, _ = search
+    costs, lengths, loads, tokens, excess, threshold, rank_counts, _, _ = search
     microbatches, token_cap, quotas, lo, _ = rules
     eb, lb, tb, rb = excess[b], loads[b], threshold[b], b // microbatches
     lt, tt, rt = loads[t], threshold[t], t // microbatches
@@ -113,7 +114,7 @@ def _first_step(b, xs, scan, skip_rank, search, rules):
             break  # ascending: none further can take load from b
         if t // rules.microbatches == skip_rank:
             continue
-        ys = members(search.lists, t, search.costs)
+        ys = members_of(search.sorted, search.lists, t, search.costs)
         work += xs.shape[0] + ys.shape[0]
         _, x, y = _best_step(b, t, xs, ys, search, rules)
         if x >= 0:
@@ -144,7 +145,8 @@ def refine(bins, costs, lengths, threshold, rules, max_iters, max_work):
     if np.max(excess) <= 0.0:
         return 0  # already balanced: skip building the member lists
     lists = member_lists(bins, n_bins)
-    search = _Search(costs, lengths, loads, tokens, excess, threshold, rank_counts, lists)
+    search = _Search(costs, lengths, loads, tokens, excess, threshold, rank_counts, lists,
+                     sorted_members(bins, costs, n_bins))
     stuck = np.zeros(n_bins, dtype=np.bool_)  # over threshold, but no move or swap helps it now
     n_stuck = 0
     steps = work = 0
@@ -152,7 +154,7 @@ def refine(bins, costs, lengths, threshold, rules, max_iters, max_work):
         b = np.argmax(np.where(stuck, -np.inf, excess))
         if stuck[b] or excess[b] <= 0.0:
             break
-        xs = members(lists, b, costs)
+        xs = members_of(search.sorted, lists, b, costs)
         work += n_bins
         rb = b // microbatches
         t, best_x, best_y = -1, -1, -1
@@ -185,6 +187,7 @@ def refine(bins, costs, lengths, threshold, rules, max_iters, max_work):
         tokens[b] += ly_best - lengths[best_x]
         tokens[t] += lengths[best_x] - ly_best
         relink(lists, best_x, b, t)
+        search.sorted.changed[b] = search.sorted.changed[t] = True
         bins[best_x] = t
         if best_y >= 0:
             relink(lists, best_y, t, b)
@@ -212,8 +215,8 @@ def refine(bins, costs, lengths, threshold, rules, max_iters, max_work):
                 if u == s or excess[u] >= excess[s]:
                     continue
                 if xs.shape[0] == 0:
-                    xs = members(lists, s, costs)
-                ys = members(lists, u, costs)
+                    xs = members_of(search.sorted, lists, s, costs)
+                ys = members_of(search.sorted, lists, u, costs)
                 work += xs.shape[0] + ys.shape[0]
                 if _best_step(s, u, xs, ys, search, rules)[1] >= 0:
                     stuck[s] = False

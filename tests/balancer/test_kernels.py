@@ -15,7 +15,25 @@ from balancer.kernels import exchange as X
 from balancer.kernels import order as O
 from balancer.kernels import refine as R
 from balancer.kernels import totals as T
-from balancer.kernels.common import Rules
+from balancer.kernels.common import Rules, member_lists, members, members_of, sorted_members
+
+
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(1, 6)), min_size=1, max_size=40))
+@settings(max_examples=80, deadline=None)
+def test_sorted_members_and_resorted_bins_match_a_sort(drawn):
+    bins = np.array([b for b, _ in drawn], dtype=np.int64)
+    costs = np.array([float(c) for _, c in drawn])  # small integers: ties in cost are common
+    cache, lists = sorted_members(bins, costs, 6), member_lists(bins, 6)
+    for b in range(6):
+        want = sorted(np.flatnonzero(bins == b).tolist(), key=lambda i: (costs[i], i))
+        assert members_of(cache, lists, b, costs).tolist() == want == members(lists, b, costs).tolist()
+    # bins by (value, id) after two values changed: what a stable argsort gives
+    values = np.bincount(bins, weights=costs, minlength=6)
+    order = np.argsort(values, kind="stable")
+    a, b = int(bins[0]), int(bins[-1]) if int(bins[-1]) != int(bins[0]) else (int(bins[0]) + 1) % 6
+    values[a] -= costs[0]
+    values[b] += costs[0]
+    np.testing.assert_array_equal(X._resorted(order, values, a, b), np.argsort(values, kind="stable"))
 
 
 @given(st.lists(st.integers(1, 40), max_size=60), st.integers(0, 2**63 - 1))

@@ -69,4 +69,4 @@ def test_quick_run_on_a_gpu(tmp_path):
     for row in result["all_to_all"]:
         assert "error" not in row and row["equal"], row
     for row in result["compression"]:
-        assert "error" not in row and row["bound_holds"] and row["equals_cpu_reference"], row
+        assert "error" not in row and row["bound_holds"] and row["equals_cpu_reference"] and row["triton_equals_cu"], row

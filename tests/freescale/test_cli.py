@@ -123,3 +123,17 @@ def test_demo_runs_on_bundled_movielens(capsys, tmp_path):
             "  at the stated calibration: 4 GPUs, an HSTU of 4 layers, d_model 256, at 200 TFLOP/s\n"
             f"  steps composed across windows of 16 steps: samples moved {moved['mean']:.2f} steps on average, at most "
             f"{moved['max']}") in text
+
+
+def test_train_attention_impl_choices_are_the_enum(monkeypatch):
+    from freescale import cli
+    from trainer import command
+    from trainer.attention import AttentionImpl
+
+    assert cli.ATTENTION_IMPLS == tuple(i.value for i in AttentionImpl)
+    seen = {}
+    monkeypatch.setattr(command, "run", lambda args: seen.setdefault("impl", args.attention_impl) and 0)
+    assert main(["train", "--attention-impl", "grouped"]) == 0
+    assert seen["impl"] == "grouped"
+    with pytest.raises(SystemExit):
+        main(["train", "--attention-impl", "fused"])

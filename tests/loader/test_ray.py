@@ -13,6 +13,8 @@ from ray.exceptions import ActorUnavailableError
 
 from loader import SequenceLoader
 from loader import ray_backend
+from loader.errors import RankLost
+from loader.control.protocol import Step
 from loader.ray_backend import NAMESPACE, coordinator_name
 from loader.reader import shutdown_readers
 from analysis.synth import write_synthetic
@@ -174,7 +176,7 @@ def test_corrupt_row_group_through_the_readers(ray_address, tmp_path):
 
 def test_a_rank_nobody_iterates_is_reported(ray_address, data, monkeypatch):
     monkeypatch.setattr(ray_backend, "_POLL_S", 0.2)
-    monkeypatch.setattr(ray_backend, "_WARN_AFTER_S", 1.0)
+    monkeypatch.setattr("loader.control.stream.WARN_AFTER_S", 1.0)
     with SequenceLoader(data, ranks=2, microbatches=1, samples_per_step=10, prefetch_steps=1, num_readers=1,
                         backend="ray") as loader:
         steps = loader.iter_rank(0)  # the plan waits for every rank to attach (their nodes shape it)
@@ -212,13 +214,13 @@ def _fail_reply(monkeypatch, error, rank=1, step=2):
     the failed messages (one, once it failed)."""
     real, failed = ray_backend._get, []
 
-    def get(ref):
-        value = real(ref)
-        kind, message = value if isinstance(value, tuple) else (None, None)
-        if not failed and kind == "step" and message.rank == rank and message.first_step <= step <= message.last_step:
+    def get(ref, timeout):
+        reply = real(ref, timeout)
+        message = reply.message if isinstance(reply, Step) else None
+        if not failed and message is not None and message.rank == rank and message.first_step <= step <= message.last_step:
             failed.append(message.first_step)
             raise error
-        return value
+        return reply
 
     monkeypatch.setattr(ray_backend, "_get", get)
     return failed
@@ -304,8 +306,8 @@ def test_a_dead_trainer_process_fails_the_other_ranks_fast(ray_address, data):
             other.kill()  # SIGKILL: no clean-up in that process
             other.wait()
             started = time.monotonic()
-            with pytest.raises(RuntimeError, match=r"rank 1's process died at step \d+ of epoch 0 from step 0; restart "
-                                                   r"the job and load the last state"):
+            with pytest.raises(RankLost, match=r"rank 1's process died at step \d+ of epoch 0 from step 0; restart "
+                                               r"the group \(every trainer process\) and load the last state"):
                 for _ in mine:
                     pass
             assert time.monotonic() - started < 30

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from loader import SequenceLoader
-from loader.read import Fetched, decode_unit, fetch_unit, read_unit
+from loader.read import RowGroupBytes, decode_unit, fetch_unit, read_unit
 from loader.sources import index_source
 
 from .helpers import assert_resume_equal, by_threads, collect, histories, source_histories, synth
@@ -91,7 +91,7 @@ def test_fetch_reads_only_the_carried_columns_range(tmp_path):
     first = fetch_unit(index, 0, skip_corrupt=False)
     assert first.size == size
     end = max(_chunk_end(first.metadata.row_group(0).column(j)) for j in range(2))
-    short = Fetched(0, first.start, first.data.slice(0, end - first.start - 1), first.metadata, first.size)
+    short = RowGroupBytes(0, first.start, first.data.slice(0, end - first.start - 1), first.metadata, first.size)
     with pytest.raises(ValueError, match=r"a.parquet \(row group 0\): cannot be decoded \(.*\); the file is corrupt"):
         decode_unit(index, short, max_seq_len=None, skip_corrupt=False)
     assert decode_unit(index, short, max_seq_len=None, skip_corrupt=True).status.tolist() == [6, 6]

@@ -55,9 +55,18 @@ def test_every_step_runs_and_a_failed_one_fails_the_check(tmp_path):
     assert "1 step(s) failed: build" in done.stderr
     summary = (out / "summary.txt").read_text().splitlines()
     assert summary[0] == "torch 9.9.9+stand-in, 1 x Stand-in GPU"
-    assert [line.split(":")[0] for line in summary[1:5]] == ["build", "pytest_gpu", "overlap_gpu", "train_gpu"]
-    assert summary[1].startswith("build: FAILED (exit 3)") and all(": ok in " in line for line in summary[2:5])
+    assert [line.split(":")[0] for line in summary[1:6]] == [
+        "build", "pytest_gpu", "overlap_gpu", "train_gpu", "attention_gpu"]
+    assert summary[1].startswith("build: FAILED (exit 3)") and all(": ok in " in line for line in summary[2:6])
     assert (out / "build.log").read_text() == "nvcc: not found\n"
     assert (out / "pytest_gpu.log").read_text() == (
         "ran: -m pytest -m gpu -rs tests/cuda_ext tests/bench tests/trainer\n")
     assert (out / "train_gpu.log").read_text() == f"ran: bench/train_gpu.py --json-out {out}/train_gpu.json\n"
+    assert (out / "attention_gpu.log").read_text() == (
+        f"ran: bench/attention_gpu.py --json-out {out}/attention_gpu.json\n")
+
+
+def test_the_step_limits_sum_to_under_ten_minutes():
+    limits = [int(line.split()[2]) for line in SCRIPT.read_text().splitlines() if line.startswith("step ")]
+    assert len(limits) == 5 and sum(limits) < 600, limits
+    assert f"together {sum(limits)} s" in SCRIPT.read_text()  # the header says the sum it has

@@ -8,7 +8,10 @@ import torch.distributed as dist
 
 from tests.trainer.dist import LoopbackExchange, Ready, run_world
 from trainer.embedding import ShardedEmbedding
+from trainer.instrument import Collectives, TimedExchange
 from trainer.overlap import OverlapScheduler
+from trainer.place import Group
+from trainer.timing import WallClock
 from trainer.transport import Transport, make_exchange
 from trainer.transport.torch_dist import TorchExchange
 
@@ -28,16 +31,48 @@ def make_steps(rank: int, seed: int = 0):
     return steps
 
 
-def train(scheduler, steps, dense):
-    """Runs the steps; the dense parameter `dense` (DIM,) shows compute reading the rows. Returns losses, stats
-    and, per step, the seconds of each microbatch's compute and the step's wall time (from the previous step's
-    end: the scheduler's own work between steps counts too)."""
-    losses, stats, walls, computes = [], [], [], [[] for _ in steps]
+class Spans:
+    """An exchange that logs, on the test's own clock, each collective's span: from the call to the return of
+    exchange_counts, from the call to the end of its handle's wait() for an all-to-all. The instrumentation
+    must account for exactly these stretches as wait + exposed + hidden communication."""
+
+    def __init__(self, inner, log: list[float]):
+        self.inner, self.log = inner, log
+        self.rank, self.world_size = inner.rank, inner.world_size
+
+    def exchange_counts(self, send_counts):
+        entered = time.perf_counter()
+        try:
+            return self.inner.exchange_counts(send_counts)
+        finally:
+            self.log.append(time.perf_counter() - entered)
+
+    def all_to_all(self, send, send_counts, recv_counts):
+        entered, handle, log = time.perf_counter(), self.inner.all_to_all(send, send_counts, recv_counts), self.log
+
+        class Logged:
+            def wait(self):
+                value = handle.wait()
+                log.append(time.perf_counter() - entered)
+                return value
+
+        return Logged()
+
+
+def train(scheduler, steps, dense, collectives, host, spans):
+    """Runs the steps; the dense parameter `dense` (DIM,) shows compute reading the rows. Returns losses, stats,
+    each step's `StepTimes` and, per step, the seconds of each microbatch's forward and compute (forward and
+    backward), the step's wall time on the test's clock twice, (inside, around) the instrumentation's: from the
+    previous settle's return to this settle's call, and from the previous settle's call to this one's return,
+    and its collectives' spans (`Spans`)."""
+    losses, stats, times, walls, logged = [], [], [], [], []
+    forwards, computes = [[] for _ in steps], [[] for _ in steps]
 
     def compute(mb, rows):
         start = time.perf_counter()
         ids, target = mb
         loss = 0.5 * (torch.tanh(rows * dense) - target).pow(2).sum()
+        forwards[len(walls)].append(time.perf_counter() - start)
         loss.backward()
         losses.append(loss.detach())
         computes[len(walls)].append(time.perf_counter() - start)
@@ -47,44 +82,67 @@ def train(scheduler, steps, dense):
             dense.sub_(0.05 * dense.grad)
         dense.grad = None
 
-    started = time.perf_counter()
+    called = time.perf_counter()
+    collectives.begin()
+    returned = time.perf_counter()
     for s in scheduler.run(steps, ids=lambda mb: mb[0], compute=compute, step_end=step_end):
-        walls.append(time.perf_counter() - started)
+        calling = time.perf_counter()
+        times.append(collectives.settle(host))
+        walls.append((calling - returned, time.perf_counter() - called))
+        called, returned = calling, time.perf_counter()
         stats.append(s)
-        started = time.perf_counter()
-    return torch.stack(losses), stats, computes, walls
+        logged.append(list(spans))
+        spans.clear()
+    return torch.stack(losses), stats, times, forwards, computes, walls, logged
 
 
-def check_step_times(stats, computes, walls, *, overlap: bool):
-    """What the StepStats' seconds must satisfy. exposed_s (start calls and blocked waits) and hidden_s (each
-    fetch from its start's return to its wait) are disjoint stretches of the step's time on one thread. Without
-    overlap nothing is hidden and compute runs outside the fetches. With overlap every microbatch but the very
-    last computes while the next fetch is under way, so the hidden time holds those computes: a schedule that
-    waited before computing would hide nothing and fail here, though its losses stay the same."""
-    assert len(stats) == len(computes) == len(walls)
-    for number, (s, microbatches, wall) in enumerate(zip(stats, computes, walls)):
-        where = (f"step {number}: exposed {s.exposed_s:.6f} s, hidden {s.hidden_s:.6f} s, "
-                 f"computes {microbatches}, wall {wall:.6f} s")
-        assert s.exposed_s > 0, where  # every fetch exchanges counts and ids over the exchange
-        if not overlap:
-            assert s.hidden_s == 0, where
-            assert s.exposed_s + sum(microbatches) <= wall, where
-            continue
-        under_way = microbatches if number + 1 < len(stats) else microbatches[:-1]
-        assert s.hidden_s >= sum(under_way), where
-        assert s.exposed_s + s.hidden_s + sum(microbatches[len(under_way):]) <= wall, where
+ROUNDING_S = 1e-5  # the marks come back on time.time()'s scale, where a float64 resolves 2.4e-7 s (1.7e9 s
+# since 1970); a step's few dozen marks round by far less than this
+
+
+def check_step_times(times, forwards, computes, walls, logged, *, overlap: bool):
+    """What each step's `StepTimes` must satisfy against the test's own clock. Every comparison is one the
+    clocks' order guarantees, so an OS that deschedules a rank between two reads cannot fail it: the step lies
+    between the test's inner and outer wall times; its parts sum to it; wait + exposed + hidden communication
+    holds the time each collective took from its call to its result as logged inside the instrumentation
+    (`Spans`), and at most 1.5x that (double counting would give 2x); forwards (no collective in them) are
+    compute. With overlap every microbatch but the very last computes while the next fetch is under way, so the
+    hidden time holds those computes: a schedule that waited before computing would hide nothing and fail
+    here, though its losses stay the same. Without overlap rows travel only across the bookkeeping between a
+    start and its wait (and inside backward, the gradients'): less than half the computes over the run."""
+    assert len(times) == len(computes) == len(walls)
+    last = len(times) - 1
+    for number, (t, fw, microbatches, (inside, around), spans) in enumerate(
+            zip(times, forwards, computes, walls, logged)):
+        where = (f"overlap {overlap}, step {number}: {t}, forwards {fw}, computes {microbatches}, "
+                 f"wall {inside:.6f}-{around:.6f} s, spans {spans}")
+        assert inside - ROUNDING_S <= t.step_s <= around + ROUNDING_S, where
+        assert t.compute_s + t.comm_s + t.wait_s == pytest.approx(t.step_s, rel=1e-9), where
+        assert t.comm_s > 0 and t.wait_s >= 0 and t.compute_s >= sum(fw) - ROUNDING_S, where
+        assert sum(spans) - ROUNDING_S <= t.hidden_s + t.comm_s + t.wait_s <= 1.5 * sum(spans), where
+        if overlap:
+            under_way = microbatches if number < last else microbatches[:-1]
+            assert t.hidden_s >= sum(under_way) - ROUNDING_S, where
+    if not overlap:
+        assert sum(t.hidden_s for t in times) < 0.5 * sum(map(sum, computes)), times
 
 
 def _check_overlap(rank, world):
-    prefetch = make_exchange(Transport.GLOO, dist.new_group(backend="gloo"), torch.device("cpu"))  # its own group
+    host = Group("host", "gloo", torch.device("cpu"), dist.new_group(backend="gloo"))
+    spans: list[float] = []
+    collectives = Collectives(WallClock())
+    prefetch_group = dist.new_group(backend="gloo")  # its own group
+    prefetch = TimedExchange(Spans(make_exchange(Transport.GLOO, prefetch_group, torch.device("cpu")), spans),
+                             collectives)
     steps = make_steps(rank)
     results = {}
     for overlap in (False, True):
-        emb = ShardedEmbedding(NUM_ITEMS, DIM, exchange=TorchExchange(), init_seed=5, lr=0.1)
+        table = TimedExchange(Spans(TorchExchange(), spans), collectives)
+        emb = ShardedEmbedding(NUM_ITEMS, DIM, exchange=table, init_seed=5, lr=0.1)
         dense = torch.ones(DIM, requires_grad=True)
         scheduler = OverlapScheduler(emb, overlap=overlap, prefetch_exchange=prefetch if overlap else None)
-        losses, stats, computes, walls = train(scheduler, steps, dense)
-        check_step_times(stats, computes, walls, overlap=overlap)
+        losses, stats, *timing = train(scheduler, steps, dense, collectives, host, spans)
+        check_step_times(*timing, overlap=overlap)
         results[overlap] = (losses, emb.weight.clone(), emb.accumulator.clone(), dense.detach().clone(), stats)
     off, on = results[False], results[True]
     for a, b in zip(off[:4], on[:4]):

@@ -39,10 +39,11 @@ def test_overlap_on_and_off_train_the_same_model_with_collisions(data, tmp_path)
     records = [r for rank in (0, 1) for r in overlapped["_results"][rank]["records"]]
     assert sum(r.collided_rows for r in records) > 0 and sum(r.exclusive_rows for r in records) > 0
     # with M = 2 every step computes a microbatch while the next one's rows are under way: hidden time, inside
-    # the step; the plain schedule hides nothing
+    # the step; in the plain schedule rows travel only across the bookkeeping between a start and its wait
     for r in records:
         assert 0 < r.hidden_comm_s < r.step_s, r
-    assert all(r.hidden_comm_s == 0 for rank in (0, 1) for r in plain["_results"][rank]["records"])
+    plain_hidden = sum(r.hidden_comm_s for rank in (0, 1) for r in plain["_results"][rank]["records"])
+    assert sum(r.hidden_comm_s for r in records) > 3 * plain_hidden
 
 
 def test_metrics_jsonl_has_every_rank_and_step_and_the_loss_falls(data, tmp_path):
@@ -51,11 +52,11 @@ def test_metrics_jsonl_has_every_rank_and_step_and_the_loss_falls(data, tmp_path
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert sorted((r["step"], r["rank"]) for r in lines) == [(s, r) for s in range(30) for r in (0, 1)]
     for r in lines:
-        # every timed collective runs on the main thread inside its step, so wait + exposed communication leave
-        # the step's forward and backward: compute is positive and the parts add up to the step (a collective
-        # counted in the wrong step, or a wait longer than its collective, makes compute_s the clamped 0.0)
-        assert r["compute_s"] > 0, r
-        assert r["compute_s"] + r["comm_s"] + r["wait_s"] == pytest.approx(r["step_s"], rel=1e-6, abs=1e-6)
+        # every collective's blocked stretches lie inside its step and never overlap (one thread at a time:
+        # the gradient all-to-alls run while the main thread waits in backward), so wait + exposed
+        # communication leave the step's forward and backward: compute (the rest, not clamped) is positive
+        assert r["compute_s"] > 0 and r["comm_s"] > 0 and r["wait_s"] >= 0, r
+        assert r["compute_s"] + r["comm_s"] + r["wait_s"] == pytest.approx(r["step_s"], rel=1e-9), r
         # the step's counts are its microbatches' ([sum L^2, sum L, samples] each)
         assert len(r["bins"]) == SMALL["microbatches"]
         assert r["samples"] == sum(b[2] for b in r["bins"]) and r["tokens"] == sum(b[1] for b in r["bins"])

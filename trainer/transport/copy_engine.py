@@ -78,16 +78,15 @@ class CopyEngineExchange:
         self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
         self.device = torch.device("cuda", _cuda_index(device))
         self._counts = TorchExchange(group, device="cpu")
-        dev = self.device.index
-        least, greatest = bindings.stream_priority_range(dev)
+        least, greatest = bindings.stream_priority_range(self.device.index)
         if not greatest <= priority <= least:
             raise ValueError(f"priority {priority} is outside {self.device}'s stream priorities "
                              f"[{greatest} (most urgent), {least} (least)]; choose one in between")
         self.priority = priority
-        self._stream = bindings.stream_create(dev, priority)
-        self._sent = bindings.event_create(dev)  # on the caller's stream: send is ready
-        self._copied = bindings.event_create(dev)  # on the copy stream: this rank's copies are done
-        self._read = bindings.event_create(dev)  # on the caller's stream: the buffer was copied out
+        self._stream = torch.cuda.Stream(device=self.device, priority=priority)  # the copies' own stream
+        self._sent = torch.cuda.Event()  # on the caller's stream: send is ready
+        self._copied = torch.cuda.Event()  # on the copy stream: this rank's copies are done
+        self._read = torch.cuda.Event()  # on the caller's stream: the buffer was copied out
         self._read_pending = False
         self._in_flight = False  # an all_to_all started and not yet waited for
         nodes: list[str | None] = [None] * self.world_size
@@ -118,12 +117,12 @@ class CopyEngineExchange:
         send = send.contiguous()
         row_bytes = math.prod(send.shape[1:]) * send.element_size()
         if self._read_pending:  # peers write into the buffer only after this rank joins the gather below
-            bindings.event_synchronize(self._read)
+            self._read.synchronize()
         self._reserve(sum(recv_counts) * row_bytes)
         counts = self._gather_counts(send_counts, recv_counts, row_bytes)  # (W, W)
         offsets = receive_offsets(counts) * row_bytes  # (W, W) byte offsets into each receiver's buffer
-        bindings.event_record(self._sent, torch.cuda.current_stream(self.device).cuda_stream)
-        bindings.stream_wait_event(self._stream, self._sent)
+        self._sent.record(torch.cuda.current_stream(self.device))
+        self._stream.wait_event(self._sent)
         sent = counts[self.rank] * row_bytes  # (W,) bytes for each destination
         host_segments = self._send(send.data_ptr(), sent, torch.cumsum(sent, 0) - sent, offsets)
         self._in_flight = True
@@ -142,11 +141,12 @@ class CopyEngineExchange:
         for ptr in self._retired:
             bindings.free(self.device.index, ptr)
         self._retired.clear()
-        caller = torch.cuda.current_stream(self.device).cuda_stream
+        caller = torch.cuda.current_stream(self.device)
         recv = send.new_empty((sum(recv_counts), *send.shape[1:]))  # (sum(recv_counts), *trailing)
         if recv.numel():
-            bindings.memcpy_async(recv.data_ptr(), self._buffer, recv.numel() * recv.element_size(), caller)
-        bindings.event_record(self._read, caller)
+            bindings.memcpy_async(self.device.index, recv.data_ptr(), self._buffer, recv.numel() * recv.element_size(),
+                                  caller.cuda_stream)
+        self._read.record(caller)
         self._read_pending, self._in_flight = True, False
         return recv
 
@@ -210,7 +210,7 @@ class CopyEngineExchange:
             else:
                 dst = self._host_send.data_ptr() + host_at
                 host_at += n
-            bindings.memcpy_async(dst, src + int(src_offsets[j]), n, self._stream)
+            bindings.memcpy_async(self.device.index, dst, src + int(src_offsets[j]), n, self._stream.cuda_stream)
         return staged
 
     def _receive_staged(self, staged: list[int], nbytes: Tensor, offsets: Tensor) -> None:
@@ -223,23 +223,24 @@ class CopyEngineExchange:
         host_at = 0
         for i, n in enumerate(from_remote):
             if n:
-                bindings.memcpy_async(self._buffer + int(offsets[i]), self._host_recv.data_ptr() + host_at, n,
-                                      self._stream)
+                bindings.memcpy_async(self.device.index, self._buffer + int(offsets[i]),
+                                      self._host_recv.data_ptr() + host_at, n, self._stream.cuda_stream)
                 host_at += n
         self._synchronize()
 
     def _synchronize(self) -> None:
         """Block the host until everything queued on the copy stream is done."""
-        bindings.event_record(self._copied, self._stream)
-        bindings.event_synchronize(self._copied)
+        self._copied.record(self._stream)
+        self._copied.synchronize()
 
     def close(self) -> None:
-        """Release the mappings, buffers, events and stream (a collective: peers must not copy any more)."""
+        """Release the mappings and buffers (a collective: peers must not copy any more); torch owns the stream
+        and the events."""
         if self._in_flight:
             raise ValueError("close() with an all_to_all in flight: wait() for it first")
         dist.barrier(group=self.group)
         if self._read_pending:
-            bindings.event_synchronize(self._read)
+            self._read.synchronize()
         dev = self.device.index
         for peer, ptr in enumerate(self._peer_ptrs):
             if ptr:
@@ -248,9 +249,6 @@ class CopyEngineExchange:
         for ptr in [*self._retired, self._buffer]:
             if ptr:
                 bindings.free(dev, ptr)
-        for event in (self._sent, self._copied, self._read):
-            bindings.event_destroy(event)
-        bindings.stream_destroy(self._stream)
         self._peer_ptrs, self._retired, self._buffer, self._capacity = [0] * self.world_size, [], 0, 0
         self._read_pending = False
 

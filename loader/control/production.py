@@ -1,0 +1,191 @@
+"""Production: a run's steps read, planned, grouped into messages and queued for every rank.
+
+:func:`produce` reads each block's units on the readers of their home nodes (up to ``readahead``
+units ahead), plans the block's steps (:class:`loader.pipeline.EpochRun`, in a worker thread, a few
+steps at a time: 1, 2, 4, ... so the first step goes out as soon as it is planned), and groups
+consecutive steps into messages of about ``message_bytes`` of events per rank (:class:`Messages`:
+the first message one step, then doubling). :func:`deliver` queues each group's messages in order
+once :class:`loader.control.routing.Sources` has routed their rows, then every rank's end: a slow
+rank's full queue stops it (nothing is buffered beyond ``prefetch_steps`` messages per rank), while
+faster ranks keep taking the messages already in their queues. An error ends the run for every rank.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import warnings
+from collections import deque
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from loader.assemble import rank_messages
+from loader.config import LoaderConfig
+from loader.control.protocol import End, Step
+from loader.control.routing import Sources
+from loader.control.runs import Run
+from loader.nodes import NodeLayout
+from loader.pipeline import EpochRun, PlannedStep, Resume
+
+if TYPE_CHECKING:
+    from loader.control.service import Service
+
+MESSAGE_BYTES = 4 << 20  # events per rank and message, once the ramp is done
+MAX_STEPS_PER_MESSAGE = 256
+
+
+async def produce(service: Service, run: Run) -> None:
+    """Plan the run's steps and hand them to :func:`deliver`; see the module docstring."""
+    config = service.config
+    inflight: deque[asyncio.Future] = deque()
+    deliveries: asyncio.Queue = asyncio.Queue(2)
+    deliverer = asyncio.ensure_future(deliver(service, run, deliveries))
+    try:
+        await run.all_joined.wait()
+        layout, rank_keys = layout_of(config, run)
+        homes = home_keys(layout, rank_keys)
+        epoch_run = EpochRun(service.index, config, epoch=run.key.epoch, start=Resume(run.key.step, run.key.cursor),
+                             layout=layout)
+        if config.locality:
+            check_window(epoch_run)
+        sources = run.sources = Sources(service.readers, len(service.index.units), rank_keys)
+        messages = Messages(service, epoch_run, sources, deliveries)
+        blocks = epoch_run.blocks()
+        chunk_steps = 1
+        sequence = (  # (unit, home) of every unit still to read, in order; homes once per block
+            pair for block in blocks for pair in zip(epoch_run.units(block), epoch_run.homes(block).tolist())
+        )
+        for block in blocks:
+            need = len(epoch_run.units(block))
+            for unit, home in itertools.islice(sequence, max(0, need + service.readahead - len(inflight))):
+                inflight.append(asyncio.ensure_future(service.readers.fetch(unit, homes.get(home))))
+            reads = [await inflight.popleft() for _ in range(need)]
+            sources.hold(epoch_run.units(block), reads)
+            planned = epoch_run.feed(block, [read.meta for read in reads])
+            while chunk := await asyncio.to_thread(lambda: list(itertools.islice(planned, chunk_steps))):
+                await messages.add(chunk)
+                chunk_steps = min(2 * chunk_steps, MAX_STEPS_PER_MESSAGE)
+            messages.forget_read()
+        await messages.add(await asyncio.to_thread(lambda: list(epoch_run.finish())), last=True)
+        service.stats.record_end(run.key.epoch, epoch_run.tail)
+        await deliveries.put(None)
+        await deliverer
+    except asyncio.CancelledError:
+        deliverer.cancel()
+        raise
+    except Exception as exc:  # every rank gets the error instead of its remaining steps
+        deliverer.cancel()
+        run.fail(exc)
+    finally:
+        for future in inflight:
+            future.cancel()
+
+
+async def deliver(service: Service, run: Run, deliveries: asyncio.Queue) -> None:
+    """Queue each group's messages, in order, once its pieces are packed; then the end."""
+    stats = service.stats
+    try:
+        while (item := await deliveries.get()) is not None:
+            steps, messages = item
+            messages = await messages
+            for planned in steps:
+                stats.record(planned)
+            run.produced = steps[-1].step + 1
+            for rank, message in enumerate(messages):
+                if rank not in run.finished:
+                    run.blocked_on = rank
+                    await run.queues[rank].put(Step(message))
+                    if rank not in run.finished:  # (a rank finishing meanwhile dropped its queue)
+                        stats.queue_depth[rank] += 1
+            run.blocked_on = None
+        for rank in range(run.ranks):
+            if rank not in run.finished:
+                run.blocked_on = rank
+                await run.queues[rank].put(End())
+        run.blocked_on = None
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        run.fail(exc)
+
+
+class Messages:
+    """Groups planned steps into messages and sends each group's routing off to :func:`deliver`."""
+
+    def __init__(self, service: Service, epoch_run: EpochRun, sources: Sources, deliveries: asyncio.Queue) -> None:
+        self.service = service
+        self.epoch_run = epoch_run
+        self.sources = sources
+        self.deliveries = deliveries
+        self.group: list[PlannedStep] = []
+        self.group_bytes = 0
+        self.size = 1  # steps in the next message: 1, then doubling, until message_bytes
+
+    async def add(self, steps: list[PlannedStep], *, last: bool = False) -> None:
+        service = self.service
+        for planned in steps:
+            self.group.append(planned)
+            self.group_bytes += int(planned.lengths.sum()) * service.event_bytes // service.config.ranks
+            full = self.group_bytes >= service.message_bytes or len(self.group) >= MAX_STEPS_PER_MESSAGE
+            if len(self.group) >= self.size or full:
+                await self._send()
+                self.size = min(2 * self.size, MAX_STEPS_PER_MESSAGE)
+        if last and self.group:
+            await self._send()
+
+    def forget_read(self) -> None:
+        """Once a block is planned: drop the handles no future step reads (those of rows carried
+        into the next block or of the open composition window, or of steps not sent yet, stay)."""
+        needed = set(self.epoch_run.held_units().tolist())
+        for planned in self.group:
+            needed.update(np.unique(planned.unit).tolist())
+        self.sources.keep(needed)
+
+    async def _send(self) -> None:
+        group, self.group, self.group_bytes = self.group, [], 0
+        units = np.unique(np.concatenate([planned.unit for planned in group])).tolist()
+        handles = {u: self.sources.handles[u] for u in units}
+        config = self.service.config
+        messages = rank_messages(group, config.ranks, config.microbatches, self.service.index.roles)
+        await self.deliveries.put((group, asyncio.ensure_future(self.sources.complete(messages, handles))))
+
+
+def layout_of(config: LoaderConfig, run: Run) -> tuple[NodeLayout | None, list]:
+    """The trainer nodes' layout (None: unknown) and each rank's node key; the plan follows the
+    layout only with ``config.locality`` (homes and crossing counts use it either way)."""
+    keys = [run.where[rank].node for rank in range(config.ranks)]
+    if config.ranks_per_node is not None:
+        return NodeLayout.per_node(config.ranks, config.ranks_per_node), keys
+    if any(key is None for key in keys):  # a trainer outside the cluster: no locality
+        return None, keys
+    return NodeLayout.from_keys(keys), keys
+
+
+def home_keys(layout: NodeLayout | None, rank_keys: list) -> dict[int, object]:
+    """Node key of each layout node (the node of its lowest rank), where readers should read."""
+    if layout is None:
+        return {}
+    keys: dict[int, object] = {}
+    for rank, node in enumerate(layout.rank_node.tolist()):
+        keys.setdefault(node, rank_keys[rank])
+    return keys
+
+
+def check_window(epoch_run: EpochRun) -> None:
+    """Warn when a shuffle block holds fewer row groups than there are trainer nodes: a block's rows
+    have their home on at most that many nodes, so the plan must move most rows across nodes."""
+    layout, order = epoch_run.layout, epoch_run.order
+    if layout is None or order.blocks == 0:
+        return
+    per_block = float(np.median([len(order.units_of(b)) for b in range(order.blocks)]))
+    if per_block < layout.nodes:
+        rows = int(np.median(epoch_run.unit_rows))
+        warnings.warn(
+            f"a shuffle block holds about {per_block:g} row group(s) but the ranks run on {layout.nodes} nodes, so "
+            f"each block's rows have their home on at most {per_block:g} of them and the locality-aware plan must "
+            f"move most rows across nodes; pass shuffle_window >= {layout.nodes * rows} ({layout.nodes} nodes x "
+            f"{rows} rows per row group)",
+            RuntimeWarning,
+            stacklevel=2,
+        )

@@ -1,0 +1,97 @@
+"""The control plane's behaviour on both backends: the inline backend drives the same Service as the Ray one,
+with readers on threads of this process (loader.inline.ThreadReaders), so queues, backpressure and one pass
+per epoch for every rank hold on both."""
+
+import threading
+import time
+
+import pytest
+
+from loader import SequenceLoader
+from loader import inline as inline_backend
+
+from .helpers import by_threads, collect, histories, record, source_histories, synth
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return synth(tmp_path_factory.mktemp("d"), users=200, max_len=40, files=2, rows_per_group=25)
+
+
+@pytest.fixture(params=["inline", "ray"])
+def backend(request):
+    if request.param == "ray":
+        request.getfixturevalue("ray_address")  # a local Ray for the module
+    return request.param
+
+
+KWARGS = dict(ranks=2, microbatches=1, samples_per_step=10, shuffle_window=50, seed=2, num_readers=2)
+
+
+def test_ranks_iterated_together_get_every_row_once_as_iter_steps_plans_it(backend, data):
+    with SequenceLoader(data, backend=backend, **KWARGS) as loader:
+        per_rank = by_threads(loader, 2)
+        stats = loader.stats()
+    with SequenceLoader(data, backend="inline", **KWARGS) as reference:
+        steps = collect(reference)
+    assert per_rank == [[mb for step in steps for mb in step[rank]] for rank in range(2)]
+    assert histories(steps) == source_histories(data)
+    assert stats["rows_read"] == stats["rows_delivered"] == 200 and stats["steps"] == len(steps) == 20
+
+
+def _first_of_both(backend, fast, slow) -> dict:
+    """Each rank's first microbatch, both ranks iterating one run: with Ray the plan starts once both opened it
+    (a thread each); inline it starts at the first open, and a rank opened later joins while the producer has
+    not left it out (one thread, rank 0 first: its request ahead finds its queue filled, so nothing is left out)."""
+    if backend == "inline":
+        return {0: [record(next(fast))], 1: [record(next(slow))]}
+    got = {}
+    threads = [threading.Thread(target=lambda r=r, it=it: got.__setitem__(r, [record(next(it))]))
+               for r, it in ((0, fast), (1, slow))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return got
+
+
+def test_a_slow_rank_holds_the_producer_not_the_queued_steps(backend, data):
+    with SequenceLoader(data, backend=backend, prefetch_steps=1, **KWARGS) as loader:
+        slow, fast = loader.iter_rank(1), loader.iter_rank(0)
+        got = _first_of_both(backend, fast, slow)  # both ranks iterate the run
+        done = threading.Event()
+
+        def drain():
+            got[0] += [record(mb) for mb in fast]
+            done.set()
+
+        threading.Thread(target=drain, daemon=True).start()
+        deadline = time.monotonic() + 30
+        while loader.stats()["ranks"][1]["queue_depth"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)
+        stats = loader.stats()
+        # rank 1's one queue place is full and the producer waits on it: rank 0 took what was queued, no more
+        assert stats["ranks"][1]["queue_depth"] == 1 and not done.is_set()
+        assert stats["steps"] < 20
+        got[1] += [record(mb) for mb in slow]  # the slow rank moves on: so does everyone
+        assert done.wait(60)
+    assert sorted(u for rank in got.values() for mb in rank for u in mb["user_ids"]) == sorted(source_histories(data))
+
+
+def test_inline_ranks_iterated_together_share_one_pass_and_a_rank_alone_is_not_held(data, monkeypatch):
+    reads = []
+    real = inline_backend.read_unit
+
+    def counted(index, unit, **kwargs):
+        reads.append(unit)
+        return real(index, unit, **kwargs)
+
+    monkeypatch.setattr(inline_backend, "read_unit", counted)
+    with SequenceLoader(data, backend="inline", **KWARGS) as loader:
+        steps = collect(loader)
+        assert sorted(reads) == list(range(8))  # every row group read once for both ranks
+        reads.clear()
+        alone = [record(mb) for mb in loader.iter_rank(1)]  # one process per rank: rank 0 is never iterated
+        assert sorted(reads) == list(range(8))
+    assert alone == [mb for step in steps for mb in step[1]]
