@@ -1,24 +1,30 @@
-"""Loader throughput and CPU cost: SequenceLoader (and through a DataLoader) vs Ray Data (two ways) vs one-thread
-pyarrow (issues 16 and 18).
+"""Loader throughput, CPU cost and memory: SequenceLoader (one process; through a DataLoader; named, one trainer
+process per rank) vs SPDL's thread pipeline vs Ray Data (three ways) vs one-thread pyarrow (issues 16, 18 and 28).
 
-All four read the same Parquet data in one run, on long and on short histories.
+All read the same Parquet data in one run, written by plain pyarrow (not the project's generator).
 
-Run (from the repository root, on a quiet machine; the synthetic sets are written on the first run and cached):
+Run (from the repository root, on a quiet machine; the sets are written on the first run and cached):
 
     NUMBA_CACHE_DIR=/tmp/numba-cache RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 .venv/bin/python bench/ingest.py \\
         --json-out /tmp/bench_ingest.json | tee /tmp/bench_ingest.txt
 
-``--quick`` (10,000 long and 50,000 short rows, one timed pass, no wait for a quiet machine) is for checking the
-bench, not for figures; ``--long-rows``, ``--short-rows``, ``--datasets``, ``--contenders`` narrow it further.
+``--quick`` (small row counts, row groups of at most a quarter of the rows, one timed pass, no wait for a quiet
+machine) is for checking the bench, not for figures; ``--<dataset>-rows``, ``--datasets``, ``--contenders`` narrow it.
 
-Datasets, in the data contract (design §3), read by every contender; the synthetic ones are written with
-``analysis.synth.write_synthetic(users=N, lengths="lognormal", median=..., max_len=21000, seed=--seed)`` (log-scale sigma
-1.2) and cached under ``--data-dir`` (default ``out/bench-data/``, git-ignored) while their parameters match:
+Datasets (``SHAPES``; issue 28's matrix: medians 15, 100 and 400, row groups of 20k and 100k rows, 2 and 3 event
+columns), each ``FILES`` (4) files written by :func:`write_plain` with ``pq.write_table(table, row_group_size=...)``
+and pyarrow's defaults: ``user_id`` int64, ``item_ids`` and ``timestamps`` list<int64>, with 3 event columns also
+``ratings`` list<float32>; lognormal lengths (log-scale sigma 1.2, 1 to 21,000 events), seeded by ``--seed``;
+cached under ``--data-dir`` (default ``out/bench-data/``, git-ignored) while their parameters match:
 
-- ``long``: ``--long-rows`` (default 120,000) histories of median 400 events, heavy tail (~820 per row on average).
-- ``short``: ``--short-rows`` (default 1,500,000) histories of median 15 events (~31 per row on average).
-- ``movielens`` (optional, not in the default ``--datasets``): the bundled ml-latest-small ratings converted with
-  ``loader.convert.convert_events`` (610 rows, 100,836 events); five steps, so it measures start-up.
+- ``long``: 120,000 histories, median 400 (~815 events per row), row groups of 20,000, 2 event columns.
+- ``short``: 1,500,000 histories, median 15 (~31 per row), row groups of 100,000, 2 event columns.
+- ``mid``: 400,000 histories, median 100, row groups of 100,000, 3 event columns.
+- ``short3``: 1,500,000 histories, median 15, row groups of 20,000, 3 event columns.
+- ``mem``: 320,000 histories, median 400, row groups of 40,000 (about 0.5 GB decoded each), 2 event columns: the
+  peak-memory case (ours' rise of the process tree's memory against the one-thread floor's).
+- ``movielens`` (optional): the bundled ml-latest-small ratings converted with ``loader.convert.convert_events``
+  (610 rows, 100,836 events); five steps, so it measures start-up.
 
 Contenders, in this order per dataset, all in this process, Ray started once (``--num-cpus`` CPUs, local). G =
 ``--samples-per-step`` (1024; MovieLens 128), R = ``--ranks`` (8), M = ``--microbatches`` (4). Every one turns
@@ -41,6 +47,16 @@ each batch into the same jagged torch tensors (user ids, and per list column val
    ``loader.SequenceLoader`` cannot be imported.
 5. ``ours_dl``: the same loader, each rank through PyTorch's ``DataLoader(loader.torch.RankDataset(loader, rank=r),
    batch_size=None)`` (issue 18: what a trainer using a DataLoader pays over ``iter_rank``).
+6. ``spdl``: SPDL 0.8's pipeline (``PipelineBuilder``): the row groups read with ``concurrency=2`` (threads), each
+   split into G-row batches and turned into the tensors, ``build(num_threads=2)``. It does not balance.
+7. ``named2``, ``named8``: P = 2 or 8 trainer processes as torchrun starts them (``bench/ingest_rank.py``, started
+   and joined to the bench's Ray before the pass), each ``SequenceLoader(path, ranks=P, microbatches=M,
+   samples_per_step=G, backend="ray", name=...)`` draining ``iter_rank(rank)``; timed from the moment every process
+   is told to build its loader to the last batch of any rank.
+8. ``split2``, ``split8`` (their anchor): ``streaming_split(P, equal=True)`` with one consumer process per split (an
+   actor, as Ray Train's workers are; started before the pass), each ``iter_torch_batches(batch_size=G // P)``.
+9. ``ours_s3``: ``ours`` over the same files on an S3-compatible server on loopback (moto's server in a child
+   process, its CPU counted; the files uploaded once, untimed): ``s3://bench/<set>?endpoint_override=...``.
 
 Every contender decodes the same columns (``--columns all``: user id and every list column; ``items``: user id and
 item ids only) and must deliver every row and token of the dataset (checked; a mismatch is reported).
@@ -65,13 +81,11 @@ Memory: a sampler thread reads ``/proc/<pid>/status`` every 0.2 s for the same t
 ``RSS`` = sum of VmRSS (shared pages counted once per process: an upper bound). Reported: the peak of each during
 the timed passes, and ``mem`` when the pass started (idle Ray workers left by earlier contenders included).
 
-Targets (issue 16; they supersede issue 3's 3x Ray Data), on ``long`` and ``short``, same run:
-
-- ours >= 1.0x ``raydata``'s rows/s, and ours' CPU-s per row <= 0.8x ``raydata``'s; the same two against
-  ``raysplit``, the second anchor;
-- time to ours' first batch <= 1.0 s;
-- goal beyond that: ours >= 0.6x the ``floor``'s rows/s (balancing must cost little next to decoding).
-- issue 18: ``ours_dl`` >= 0.95x ours' rows/s (the DataLoader path costs at most 5%).
+Targets (issue 28), every shape, same run: ours >= 0.9x ``spdl``'s rows/s and <= 1.2x its CPU-s per row; ``ours_s3``
+>= 0.8x ours' rows/s; ``named2`` >= 0.7x and ``named8`` >= 0.4x ``spdl``'s rows/s, and each >= 1.2x its ``split``
+anchor; first batch (best pass: warm readers) <= 1.0 s for ours and the named cases; on ``mem``, ours' peak memory
+rise <= 1.5x the floor's. Kept from issues 16 and 18 (kind ``issue16``): ours >= 1.0x ``raydata`` and ``raysplit`` rows/s at <= 0.8x their CPU-s per row;
+``ours_dl`` >= 0.95x ours.
 
 MovieLens gets the same ratios, for information only. Prints a human table per dataset as it goes, then the
 targets with PASS/FAIL, and last one JSON line.
@@ -86,6 +100,8 @@ import logging
 import math
 import os
 import shutil
+import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -104,12 +120,28 @@ REPO = Path(__file__).resolve().parents[1]
 DATA_ROOT = REPO / "out" / "bench-data"
 MAX_LEN = 21_000
 # name -> lognormal median, default rows, --quick rows
-SHAPES = {"long": (400, 120_000, 10_000), "short": (15, 1_500_000, 50_000)}
+# name -> (lognormal median, default rows, --quick rows, rows per row group, event columns); written by plain pyarrow.
+# long and short are issue 28's shapes; mem's row groups decode to about 0.5 GB each (the peak-memory case).
+SHAPES = {
+    "long": (400, 120_000, 6_000, 20_000, 2),
+    "short": (15, 1_500_000, 50_000, 100_000, 2),
+    "mid": (100, 400_000, 20_000, 100_000, 3),
+    "short3": (15, 1_500_000, 50_000, 20_000, 3),
+    "mem": (400, 320_000, 6_000, 40_000, 2),
+}
+SIGMA, FILES = 1.2, 4
 DATASETS = (*SHAPES, "movielens")
 MOVIELENS_G = 128  # 610 rows: 5 steps
-CONTENDERS = ("floor", "raydata", "raysplit", "ours", "ours_dl")
+PROCS = (2, 8)  # trainer processes of the named-loader cases (named2, named8) and their anchors (split2, split8)
+CONTENDERS = ("floor", "spdl", "raydata", "raysplit", "ours", "ours_s3", "ours_dl",
+              *(f"{kind}{p}" for p in PROCS for kind in ("named", "split")))
 ANCHORS = ("raydata", "raysplit")
-TARGET_ROWS_VS_ANCHOR, TARGET_CPU_VS_ANCHOR, GOAL_ROWS_VS_FLOOR, TARGET_FIRST_BATCH_S = 1.0, 0.8, 0.6, 1.0
+TARGET_ROWS_VS_ANCHOR, TARGET_CPU_VS_ANCHOR, TARGET_FIRST_BATCH_S = 1.0, 0.8, 1.0  # issue 16
+# issue 28: ours (one process) against SPDL's pipeline; the named loader with one process per rank against SPDL and
+# against Ray Data's streaming_split with one consumer process per split; peak memory against one-thread pyarrow
+TARGET_ROWS_VS_SPDL, TARGET_CPU_VS_SPDL, TARGET_NAMED_VS_SPLIT, TARGET_MEM_VS_FLOOR = 0.9, 1.2, 1.2, 1.5
+TARGET_NAMED_VS_SPDL = {2: 0.7, 8: 0.4}
+TARGET_S3_VS_DISK = 0.8  # ours reading the same files from a loopback S3 server
 TARGET_DATALOADER_VS_OURS = 0.95  # issue 18: the DataLoader path costs at most 5% of ours' rows/s
 SAMPLE_INTERVAL_S = 0.2
 TICK = os.sysconf("SC_CLK_TCK")
@@ -120,29 +152,66 @@ warnings.filterwarnings("ignore", message="The given NumPy array is not writable
 # ---------------------------------------------------------------- data
 
 
-def synth_dataset(name: str, rows: int, root: Path, *, seed: int = 0) -> dict:
-    """Lognormal histories of shape ``name`` (``SHAPES``) under ``root``; written once, reused while params match."""
-    from analysis.synth import write_synthetic
-
-    median = SHAPES[name][0]
-    params = {"users": rows, "lengths": "lognormal", "median": median, "max_len": MAX_LEN, "seed": seed}
-    out = root / f"synth-lognormal-median{median}-u{rows}-len{MAX_LEN}-seed{seed}"
+def synth_dataset(name: str, rows: int, root: Path, *, seed: int = 0, quick: bool = False) -> dict:
+    """Lognormal histories of shape ``name`` (``SHAPES``) under ``root``, written by plain pyarrow
+    (:func:`write_plain`, not the project's generator); written once, reused while the parameters match.
+    ``quick``: row groups of at most a quarter of ``rows`` (so a tiny set still has several)."""
+    median, _, _, group, events = SHAPES[name]
+    group = max(1, min(group, -(-rows // 4))) if quick else group
+    params = {"users": rows, "median": median, "sigma": SIGMA, "max_len": MAX_LEN, "row_group_rows": group,
+              "event_columns": events, "files": FILES, "seed": seed, "writer": "pyarrow"}
+    out = root / f"plain-median{median}-u{rows}-rg{group}-e{events}-seed{seed}"
     meta = out / "bench-params.json"
     if meta.exists() and json.loads(meta.read_text()).get("params") == params and list(out.glob("part-*.parquet")):
         summary = json.loads(meta.read_text())["summary"]
         print(f"{name}: reusing {out} ({summary['users']:,} rows, {summary['tokens']:,} events)", flush=True)
         generated = None
     else:
-        print(f"{name}: writing {rows:,} lognormal histories (median {median}, max_len {MAX_LEN}) to {out} ...",
-              flush=True)
-        summary = write_synthetic(out, overwrite=True, **params)
-        summary = {k: v for k, v in summary.items() if k != "paths"}
+        print(f"{name}: writing {rows:,} lognormal histories (median {median}, {events} event columns, row groups "
+              f"of {group:,}) with plain pyarrow to {out} ...", flush=True)
+        started = time.perf_counter()
+        out.mkdir(parents=True, exist_ok=True)
+        for old in out.glob("part-*.parquet"):
+            old.unlink()
+        tokens = write_plain(out, rows=rows, median=median, group=group, events=events, seed=seed)
+        summary = {"users": rows, "tokens": tokens, "files": FILES, "row_groups": sum(
+            pq.ParquetFile(f).num_row_groups for f in out.glob("part-*.parquet"))}
+        generated = summary["seconds"] = time.perf_counter() - started
         meta.write_text(json.dumps({"params": params, "summary": summary}))
-        print(f"{name}: {summary['users']:,} rows, {summary['tokens']:,} events, {summary['files']} files, "
-              f"{summary['row_groups']} row groups in {summary['seconds']:.1f} s", flush=True)
-        generated = summary["seconds"]
+        print(f"{name}: {rows:,} rows, {tokens:,} events, {summary['row_groups']} row groups in {generated:.1f} s",
+              flush=True)
     return {"name": name, "path": str(out), "rows": summary["users"], "tokens": summary["tokens"],
             "generated_s": generated, "params": params}
+
+
+def write_plain(out: Path, *, rows: int, median: int, group: int, events: int, seed: int) -> int:
+    """``FILES`` files of ``user_id`` int64, ``item_ids`` and ``timestamps`` list<int64> (and, with ``events`` = 3,
+    ``ratings`` list<float32>), as a user's own script would write them: ``pq.write_table(table,
+    row_group_size=group)``, pyarrow's defaults otherwise (snappy, dictionary pages). Lengths lognormal
+    (median ``median``, log-scale sigma ``SIGMA``, 1 to ``MAX_LEN``). Returns the number of events."""
+    rng = np.random.default_rng(seed)
+    bounds = np.arange(FILES + 1) * rows // FILES  # (FILES + 1,)
+    tokens = 0
+    for f in range(FILES):
+        n = int(bounds[f + 1] - bounds[f])
+        lengths = np.clip(np.rint(rng.lognormal(math.log(median), SIGMA, n)), 1, MAX_LEN).astype(np.int64)  # (n,)
+        offsets = np.zeros(n + 1, dtype=np.int64)  # (n + 1,)
+        np.cumsum(lengths, out=offsets[1:])
+        total = int(offsets[-1])
+        columns = {
+            "user_id": pa.array(np.arange(bounds[f], bounds[f + 1], dtype=np.int64)),
+            "item_ids": pa.LargeListArray.from_arrays(offsets, rng.integers(0, 1 << 20, total)).cast(
+                pa.list_(pa.int64())),
+            # seconds, increasing within each history
+            "timestamps": pa.LargeListArray.from_arrays(
+                offsets, 1_600_000_000 + np.cumsum(rng.integers(1, 3600, total))).cast(pa.list_(pa.int64())),
+        }
+        if events == 3:
+            columns["ratings"] = pa.LargeListArray.from_arrays(
+                offsets, rng.integers(1, 11, total).astype(np.float32) / 2).cast(pa.list_(pa.float32()))
+        pq.write_table(pa.table(columns), out / f"part-{f:05d}.parquet", row_group_size=group)
+        tokens += total
+    return tokens
 
 
 def movielens_dataset(root: Path) -> dict:
@@ -338,7 +407,7 @@ def drain(sources: list, size, clock: dict) -> list[list[int]]:
         count = counts[i]
         try:
             for batch in sources[i]():
-                firsts.setdefault(i, time.perf_counter())
+                firsts.setdefault(i, time.monotonic())
                 rows, tokens = size(batch)
                 count[0] += rows
                 count[1] += tokens
@@ -355,7 +424,7 @@ def drain(sources: list, size, clock: dict) -> list[list[int]]:
             t.start()
         for t in threads:
             t.join()
-    clock["end"] = time.perf_counter()
+    clock["end"] = time.monotonic()
     if errors:
         raise errors[0]
     return counts
@@ -425,6 +494,160 @@ def run_raysplit(ds: dict, cols: list[str], cfg: dict, clock: dict) -> dict:
     return {**totals(counts), "batch_size_per_split": per_split, "rows_per_split": [c[0] for c in counts]}
 
 
+def run_spdl(ds: dict, cols: list[str], cfg: dict, clock: dict) -> dict:
+    """SPDL 0.8's pipeline as its docs build one for Parquet: row groups read with concurrency 2 (threads; pyarrow
+    decodes without the GIL), each split into G-row batches turned into the same tensors, 2 threads in all."""
+    from spdl.pipeline import PipelineBuilder
+
+    paths = sorted(Path(ds["path"]).glob("part-*.parquet"))
+    units = [(path, g) for path in paths for g in range(pq.ParquetFile(path).num_row_groups)]
+
+    def read(unit):
+        path, group = unit
+        return pq.ParquetFile(path).read_row_group(group, columns=cols, use_threads=False)
+
+    def split(table):
+        for batch in table.to_batches(max_chunksize=cfg["G"]):
+            yield to_torch(batch, cols[1:])
+
+    pipeline = (PipelineBuilder().add_source(units).pipe(read, concurrency=2).pipe(split).add_sink(3)
+                .build(num_threads=2))
+
+    def batches():
+        with pipeline.auto_stop():
+            yield from pipeline.get_iterator()
+
+    return totals(drain([batches], tensor_size, clock))
+
+
+class RankProcesses:
+    """P trainer processes (``bench/ingest_rank.py``), one per rank as torchrun starts them, kept for every pass of
+    a contender: their start (imports, joining Ray) is not timed, as a trainer's is not its loader's."""
+
+    def __init__(self, ds: dict, cfg: dict, ranks: int) -> None:
+        import ray
+
+        address = ray.get_runtime_context().gcs_address
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+        self.procs = [subprocess.Popen(
+            [sys.executable, str(REPO / "bench" / "ingest_rank.py"), "--address", address, "--path", ds["path"],
+             "--rank", str(r), "--ranks", str(ranks), "--microbatches", str(cfg["M"]),
+             "--samples-per-step", str(cfg["G"]), "--seed", str(cfg["seed"])],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env) for r in range(ranks)]
+        for proc in self.procs:
+            self._line(proc, "ready")
+        self.passes = 0
+
+    @staticmethod
+    def _line(proc, want: str) -> str:
+        """The rest of the process's next stdout line that starts with ``want`` (lines Ray or a library print to
+        stdout in between are skipped)."""
+        while line := proc.stdout.readline():
+            if line.startswith(want):
+                return line[len(want):]
+        raise RuntimeError(f"rank process {proc.pid} ended before it said {want!r} (exit code {proc.poll()})")
+
+    def run_pass(self, clock: dict) -> list[dict]:
+        """One pass, every process building its loader at once; sets ``clock["first"]`` and ``clock["end"]``
+        (``time.monotonic()``: one clock for every process of the machine)."""
+        self.passes += 1
+        name = f"ingest-bench-{os.getpid()}-{id(self)}-{self.passes}"
+        for proc in self.procs:
+            proc.stdin.write(f"go {name}\n")
+            proc.stdin.flush()
+        results = [json.loads(self._line(proc, "result ")) for proc in self.procs]
+        clock["first"] = {i: r["first"] for i, r in enumerate(results) if r["first"] is not None}
+        clock["end"] = max(r["end"] for r in results)
+        return results
+
+    def close(self) -> None:
+        for proc in self.procs:
+            try:
+                proc.stdin.write("quit\n")
+                proc.stdin.close()
+            except OSError:
+                pass
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+_RANK_PROCESSES: dict[tuple, RankProcesses] = {}
+
+
+def run_named(ds: dict, cols: list[str], cfg: dict, clock: dict, *, procs: int) -> dict:
+    """``procs`` trainer processes, each ``SequenceLoader(path, ranks=procs, ..., backend="ray", name=...)`` drained
+    through ``iter_rank(rank)``; from the first loader's construction to the last batch of any rank."""
+    if cfg["columns"] != "all":
+        raise ValueError("the named-loader cases decode every column (--columns all)")
+    key = (ds["path"], procs, cfg["M"], cfg["G"], cfg["seed"])
+    if key not in _RANK_PROCESSES:
+        _RANK_PROCESSES[key] = RankProcesses(ds, cfg, procs)
+    results = _RANK_PROCESSES[key].run_pass(clock)
+    mbs = [r["microbatches"] for r in results]
+    stats = results[0]["stats"]
+    return {"rows": sum(r["rows"] for r in results), "tokens": sum(r["tokens"] for r in results), "consumers": procs,
+            "stats": stats, "planner_ms_per_step": planner_ms_per_step(stats, math.ceil(ds["rows"] / cfg["G"])),
+            "microbatches_per_rank": mbs, "equal_microbatches": len(set(mbs)) == 1}
+
+
+def close_rank_processes() -> None:
+    """End the named cases' trainer processes and the split cases' consumer actors: after each contender, so
+    the next one's passes (and its memory figures) do not carry them."""
+    import ray
+
+    while _RANK_PROCESSES:
+        _RANK_PROCESSES.popitem()[1].close()
+    while _SPLIT_CONSUMERS:
+        for actor in _SPLIT_CONSUMERS.popitem()[1]:
+            ray.kill(actor)
+
+
+def _split_consumer():
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class SplitConsumer:
+        """A Ray Train worker's feed: one split of ``streaming_split`` drained in this actor's process."""
+
+        def drain(self, split, lists: list[str], batch_size: int, prefetch: int) -> dict:
+            rows = tokens = 0
+            first = None
+            for batch in split.iter_torch_batches(batch_size=batch_size, collate_fn=make_collate(lists),
+                                                  prefetch_batches=prefetch):
+                if first is None:
+                    first = time.monotonic()
+                rows += len(batch["user_ids"])
+                tokens += len(batch["item_ids"])
+            return {"rows": rows, "tokens": tokens, "first": first, "end": time.monotonic()}
+
+    return SplitConsumer
+
+
+_SPLIT_CONSUMERS: dict[int, list] = {}
+
+
+def run_split(ds: dict, cols: list[str], cfg: dict, clock: dict, *, procs: int) -> dict:
+    """Ray Data's ``streaming_split(procs, equal=True)`` with one consumer process (an actor, as Ray Train's
+    workers are) per split, G // procs rows per batch; the actors are started before the pass, untimed."""
+    import ray
+
+    if procs not in _SPLIT_CONSUMERS:
+        actors = [_split_consumer().remote() for _ in range(procs)]
+        ray.get([a.__ray_ready__.remote() for a in actors])
+        _SPLIT_CONSUMERS[procs] = actors
+    actors = _SPLIT_CONSUMERS[procs]
+    per_split = cfg["G"] // procs
+    splits = ray.data.read_parquet(ds["path"]).select_columns(cols).streaming_split(procs, equal=True)
+    results = ray.get([a.drain.remote(s, cols[1:], per_split, cfg["ray_prefetch"]) for a, s in zip(actors, splits)])
+    clock["first"] = {i: r["first"] for i, r in enumerate(results) if r["first"] is not None}
+    clock["end"] = max(r["end"] for r in results)
+    return {"rows": sum(r["rows"] for r in results), "tokens": sum(r["tokens"] for r in results),
+            "consumers": procs, "batch_size_per_split": per_split, "rows_per_split": [r["rows"] for r in results]}
+
+
 def ours_available() -> tuple[bool, str]:
     try:
         from loader import SequenceLoader  # noqa: F401
@@ -433,9 +656,10 @@ def ours_available() -> tuple[bool, str]:
     return True, ""
 
 
-def run_ours(ds: dict, cols: list[str], cfg: dict, clock: dict, *, dataloader: bool = False) -> dict:
+def run_ours(ds: dict, cols: list[str], cfg: dict, clock: dict, *, dataloader: bool = False, s3: bool = False) -> dict:
     """SequenceLoader on the running Ray, every rank drained by its own thread; ``teardown`` closes it.
-    ``dataloader``: each rank through ``DataLoader(RankDataset(loader, rank=r), batch_size=None)``."""
+    ``dataloader``: each rank through ``DataLoader(RankDataset(loader, rank=r), batch_size=None)``; ``s3``: the
+    dataset's copy on the bench's loopback S3 server (:class:`S3Store`)."""
     from loader import SequenceLoader
 
     R = cfg["R"]
@@ -452,7 +676,7 @@ def run_ours(ds: dict, cols: list[str], cfg: dict, clock: dict, *, dataloader: b
                 getattr(mb, "timestamps", None) is not None) + list(getattr(mb, "features", {}) or {})
         return len(mb.user_ids), len(mb.item_ids)
 
-    sl = SequenceLoader(ds["path"], **kwargs)
+    sl = SequenceLoader(_S3[0].uri(ds) if s3 else ds["path"], **kwargs)
     if dataloader:
         from torch.utils.data import DataLoader
 
@@ -472,6 +696,64 @@ def run_ours(ds: dict, cols: list[str], cfg: dict, clock: dict, *, dataloader: b
             "planner_ms_per_step": planner_ms_per_step(stats, math.ceil(ds["rows"] / cfg["G"])),
             "microbatches_per_rank": per_rank_mbs, "equal_microbatches": len(set(per_rank_mbs)) == 1,
             "teardown": sl.close}
+
+
+class S3Store:
+    """moto's S3-compatible server on loopback, in a process of its own (a child of the bench: its CPU counts in
+    the process tree's), with each dataset uploaded once; credentials go to the environment before Ray starts,
+    so readers inherit them."""
+
+    BUCKET = "bench"
+
+    def __init__(self) -> None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1",
+                          AWS_EC2_METADATA_DISABLED="true")
+        self.server = subprocess.Popen([sys.executable, "-c", "from moto.server import main; main()", "-H",
+                                        "127.0.0.1", "-p", str(port)],
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.query = f"endpoint_override=127.0.0.1:{port}&scheme=http&region=us-east-1"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+            except OSError:
+                if time.monotonic() > deadline or self.server.poll() is not None:
+                    raise RuntimeError(f"the moto server on port {port} did not start (exit {self.server.poll()})")
+                time.sleep(0.2)
+        import pyarrow.fs as pafs
+
+        self.filesystem, _ = pafs.FileSystem.from_uri(
+            f"s3://{self.BUCKET}?{self.query}&allow_bucket_creation=true")
+        self.filesystem.create_dir(self.BUCKET)
+        self.uploaded: dict[str, str] = {}
+
+    def uri(self, ds: dict) -> str:
+        """The dataset's copy on the server (uploaded on first use, untimed)."""
+        import pyarrow.fs as pafs
+
+        if ds["path"] not in self.uploaded:
+            key = f"{self.BUCKET}/{Path(ds['path']).name}"
+            started = time.monotonic()
+            for part in sorted(Path(ds["path"]).glob("part-*.parquet")):
+                pafs.copy_files(str(part), f"{key}/{part.name}", source_filesystem=pafs.LocalFileSystem(),
+                                destination_filesystem=self.filesystem)
+            print(f"{ds['name']}: uploaded to the loopback S3 server in {time.monotonic() - started:.1f} s", flush=True)
+            self.uploaded[ds["path"]] = f"s3://{key}?{self.query}"
+        return self.uploaded[ds["path"]]
+
+    def close(self) -> None:
+        self.server.terminate()
+        try:
+            self.server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.server.kill()
+
+
+_S3: list[S3Store] = []  # the bench's server, when an s3 contender runs
 
 
 def planner_ms_per_step(stats, steps: int) -> float | None:
@@ -503,13 +785,16 @@ def planner_ms_per_step(stats, steps: int) -> float | None:
     return None
 
 
-RUNNERS = {"floor": run_floor, "raydata": run_raydata, "raysplit": run_raysplit, "ours": run_ours,
-           "ours_dl": functools.partial(run_ours, dataloader=True)}
+RUNNERS = {"floor": run_floor, "spdl": run_spdl, "raydata": run_raydata, "raysplit": run_raysplit, "ours": run_ours,
+           "ours_dl": functools.partial(run_ours, dataloader=True), "ours_s3": functools.partial(run_ours, s3=True),
+           **{f"{kind}{p}": functools.partial(run, procs=p) for p in PROCS
+              for kind, run in (("named", run_named), ("split", run_split))}}
 
 
 def expected_rows(name: str, ds: dict, cfg: dict) -> int:
-    """Rows a contender must deliver: all, but ``streaming_split(equal=True)`` drops the last ``rows % R``."""
-    return ds["rows"] - ds["rows"] % cfg["R"] if name == "raysplit" else ds["rows"]
+    """Rows a contender must deliver: all, but ``streaming_split(equal=True)`` drops the last ``rows % splits``."""
+    splits = cfg["R"] if name == "raysplit" else int(name[5:]) if name.startswith("split") else None
+    return ds["rows"] - ds["rows"] % splits if splits else ds["rows"]
 
 
 def one_pass(runner, ds: dict, cols: list[str], cfg: dict) -> dict:
@@ -517,7 +802,7 @@ def one_pass(runner, ds: dict, cols: list[str], cfg: dict) -> dict:
     clock: dict = {}
     quiet = wait_quiet(cfg["quiet_wait"], cfg["quiet_cores"]) if cfg["quiet_wait"] > 0 else None
     with TreeMonitor() as mon:
-        start = time.perf_counter()
+        start = time.monotonic()
         out = runner(ds, cols, cfg, clock)
     teardown = out.pop("teardown", None)
     if teardown is not None:
@@ -536,24 +821,30 @@ def one_pass(runner, ds: dict, cols: list[str], cfg: dict) -> dict:
 
 
 def measure(name: str, ds: dict, cols: list[str], cfg: dict, warmups: int, repeats: int) -> dict:
-    """``warmups`` untimed passes, then ``repeats`` timed ones; the fastest pass's figures, every wall and CPU."""
+    """``warmups`` untimed passes, then ``repeats`` timed ones; the fastest pass's figures, every wall and CPU.
+
+    ``mem_rise_mib``: the process tree's peak memory over all of them, less its memory before the first: what a
+    memory pool keeps from one pass to the next (pyarrow's, the object store's pages) counts once, as it would in
+    a trainer's one long pass."""
     runner = RUNNERS[name]
     warm_firsts = []  # first batch of each warm-up pass: the first one meets cold processes (ours: readers)
-    for _ in range(warmups):
-        clock: dict = {}
-        start = time.perf_counter()
-        out = runner(ds, cols, cfg, clock)
-        firsts = clock.get("first", {})
-        warm_firsts.append(max(firsts.values()) - start if len(firsts) == out["consumers"] else None)
-        teardown = out.get("teardown")
-        if teardown is not None:
-            teardown()
-    passes = [one_pass(runner, ds, cols, cfg) for _ in range(repeats)]
+    with TreeMonitor() as whole:
+        for _ in range(warmups):
+            clock: dict = {}
+            start = time.monotonic()
+            out = runner(ds, cols, cfg, clock)
+            firsts = clock.get("first", {})
+            warm_firsts.append(max(firsts.values()) - start if len(firsts) == out["consumers"] else None)
+            teardown = out.get("teardown")
+            if teardown is not None:
+                teardown()
+        passes = [one_pass(runner, ds, cols, cfg) for _ in range(repeats)]
     best = min(passes, key=lambda q: q["wall_s"])
     want = expected_rows(name, ds, cfg)
     tokens_ok = best["tokens"] == ds["tokens"] if want == ds["rows"] else best["tokens"] < ds["tokens"]
     return {"dataset": ds["name"], "contender": name, "available": True, "error": None, **best,
             "peak_mem_mib": max(q["peak_mem_mib"] for q in passes),
+            "mem_rise_mib": (whole.peak_mem - whole.start_mem) / 1024,
             "peak_rss_mib": max(q["peak_rss_mib"] for q in passes),
             "runs": f"best of {repeats} after {warmups} warm-up pass(es)", "all_walls_s": [q["wall_s"] for q in passes],
             "all_cpu_s": [q["cpu_s"] for q in passes], "all_foreign_cpu_s": [q["foreign_cpu_s"] for q in passes],
@@ -565,7 +856,7 @@ def measure(name: str, ds: dict, cols: list[str], cfg: dict, warmups: int, repea
 
 
 HEADER = (f"{'dataset':>9} {'contender':>9} {'rows/s':>10} {'Mtok/s':>7} {'wall s':>7} {'1st s':>6} {'CPU s':>7} "
-          f"{'cores':>5} {'CPU s/Mrow':>10} {'plan ms/st':>10} {'mem MiB':>8} {'(start)':>8} {'RSS MiB':>8} "
+          f"{'cores':>5} {'CPU s/Mrow':>10} {'plan ms/st':>10} {'mem MiB':>8} {'(start)':>8} {'rise':>6} {'RSS MiB':>8} "
           f"{'foreign':>7}  check")
 
 
@@ -587,43 +878,61 @@ def print_row(row: dict) -> None:
     print(f"{row['dataset']:>9} {row['contender']:>9} {row['rows_per_s']:10.0f} {row['tokens_per_s'] / 1e6:7.2f} "
           f"{row['wall_s']:7.2f} {_fmt(row['first_batch_s'], '6.2f'):>6} {row['cpu_s']:7.1f} {row['cores']:5.2f} "
           f"{_fmt(row['cpu_s_per_mrow'], '10.1f'):>10} {_fmt(row.get('planner_ms_per_step'), '.2f'):>10} "
-          f"{row['peak_mem_mib']:8.0f} {row['start_mem_mib']:8.0f} {row['peak_rss_mib']:8.0f} "
+          f"{row['peak_mem_mib']:8.0f} {row['start_mem_mib']:8.0f} {row['mem_rise_mib']:6.0f} {row['peak_rss_mib']:8.0f} "
           f"{row['foreign_cpu_s']:7.1f}  {check}", flush=True)
 
 
-def checks() -> list[tuple[str, str, str, str, str | None, float, str]]:
-    """Issues 16 and 18's checks: (key, label, contender, field, against (None: an absolute figure), bound, kind)."""
-    out = []
+def checks() -> list[tuple[str, str, str, str, str | None, float, str, str | None]]:
+    """(key, label, contender, field, against (None: an absolute figure), bound, kind, only on this dataset (None:
+    every one)). Kind ``target``: issue 28's; ``issue16``: the earlier anchors (issues 16 and 18)."""
+    out = [
+        ("ours_vs_spdl_rows_per_s", "ours / spdl rows/s", "ours", "rows_per_s", "spdl", TARGET_ROWS_VS_SPDL, "target",
+         None),
+        ("ours_vs_spdl_cpu_per_row", "ours / spdl CPU-s per row", "ours", "cpu_s_per_row", "spdl", TARGET_CPU_VS_SPDL,
+         "target", None),
+        ("ours_first_batch_s", "ours first batch", "ours", "first_batch_s", None, TARGET_FIRST_BATCH_S, "target", None),
+        ("ours_vs_floor_mem_rise", "ours / floor peak memory rise", "ours", "mem_rise_mib", "floor",
+         TARGET_MEM_VS_FLOOR, "target", "mem"),
+        ("ours_s3_vs_ours_rows_per_s", "ours from S3 / from local disk rows/s", "ours_s3", "rows_per_s", "ours",
+         TARGET_S3_VS_DISK, "target", None),
+    ]
+    for p in PROCS:
+        out += [(f"named{p}_vs_spdl_rows_per_s", f"named P={p} / spdl rows/s", f"named{p}", "rows_per_s", "spdl",
+                 TARGET_NAMED_VS_SPDL[p], "target", None),
+                (f"named{p}_vs_split{p}_rows_per_s", f"named P={p} / split P={p} rows/s", f"named{p}", "rows_per_s",
+                 f"split{p}", TARGET_NAMED_VS_SPLIT, "target", None),
+                (f"named{p}_first_batch_s", f"named P={p} first batch", f"named{p}", "first_batch_s", None,
+                 TARGET_FIRST_BATCH_S, "target", None)]
     for anchor in ANCHORS:
         out += [(f"ours_vs_{anchor}_rows_per_s", f"ours / {anchor} rows/s", "ours", "rows_per_s", anchor,
-                 TARGET_ROWS_VS_ANCHOR, "target"),
+                 TARGET_ROWS_VS_ANCHOR, "issue16", None),
                 (f"ours_vs_{anchor}_cpu_per_row", f"ours / {anchor} CPU-s per row", "ours", "cpu_s_per_row", anchor,
-                 TARGET_CPU_VS_ANCHOR, "target")]
+                 TARGET_CPU_VS_ANCHOR, "issue16", None)]
     return out + [
-        ("ours_first_batch_s", "ours first batch", "ours", "first_batch_s", None, TARGET_FIRST_BATCH_S, "target"),
-        ("ours_vs_floor_rows_per_s", "ours / floor rows/s", "ours", "rows_per_s", "floor", GOAL_ROWS_VS_FLOOR, "goal"),
         ("ours_dl_vs_ours_rows_per_s", "ours via DataLoader / ours rows/s", "ours_dl", "rows_per_s", "ours",
-         TARGET_DATALOADER_VS_OURS, "target"),
+         TARGET_DATALOADER_VS_OURS, "issue16", None),
     ]
 
 
 def verdicts(rows: list[dict], datasets: list[dict]) -> dict:
-    """PASS/FAIL of every check on ``long`` and ``short``; the same figures for information elsewhere."""
+    """PASS/FAIL of every check whose contenders ran, on every synthetic shape; for information on MovieLens."""
     out: dict = {"datasets": {}}
-    print("\n== targets (issue 16; best pass of each; CPU-s per row of the whole process tree)", flush=True)
+    print("\n== targets (issue 28, then issues 16/18; best pass of each; CPU-s per row of the whole process tree)",
+          flush=True)
     for ds in datasets:
         mine = {r["contender"]: r for r in rows if r["dataset"] == ds["name"]}
         got = {name: r for name, r in mine.items() if r["available"] and not r["error"]}
         entry: dict = {}
-        for key, label, contender, field, against, bound, kind in checks():
+        for key, label, contender, field, against, bound, kind, only in checks():
+            if only is not None and only != ds["name"] or contender not in mine or against and against not in mine:
+                continue  # not this dataset's check, or a contender not run
             ours = got.get(contender)
             lower_is_better = field != "rows_per_s"
             op, unit = ("<=" if lower_is_better else ">="), ("x" if against else " s")
             rival = got.get(against) if against else {field: 1.0}
             if ours is None or rival is None or ours.get(field) is None or not rival.get(field):
-                why = (f"N/A ({contender} not run)" if contender not in mine else f"PENDING ({contender} not available)"
-                       if not mine[contender]["available"] else f"ERROR ({contender} failed)") if ours is None else \
-                    f"N/A ({against or 'figure'} missing)"
+                why = (f"PENDING ({contender} not available)" if not mine[contender]["available"] else
+                       f"ERROR ({contender} failed)") if ours is None else f"N/A ({against or 'figure'} missing)"
                 entry[key] = {"value": None, "bound": bound, "op": op, "kind": kind, "verdict": why.split()[0]}
                 print(f"{ds['name']}: {label}: {why}", flush=True)
                 continue
@@ -633,15 +942,15 @@ def verdicts(rows: list[dict], datasets: list[dict]) -> dict:
             entry[key] = {"value": value, "bound": bound, "op": op, "kind": kind, "verdict": verdict}
             print(f"{ds['name']}: {label} = {value:.2f}{unit} ({kind} {op} {bound:g}{unit}): {verdict}", flush=True)
         floor = got.get("floor")
-        for anchor in ANCHORS:
-            if anchor in got and floor:
-                entry[f"{anchor}_vs_floor_rows_per_s"] = got[anchor]["rows_per_s"] / floor["rows_per_s"]
-                print(f"{ds['name']}: ({anchor} / floor rows/s = {entry[f'{anchor}_vs_floor_rows_per_s']:.2f}x)",
+        for rival in ("spdl", *ANCHORS):
+            if rival in got and floor:
+                entry[f"{rival}_vs_floor_rows_per_s"] = got[rival]["rows_per_s"] / floor["rows_per_s"]
+                print(f"{ds['name']}: ({rival} / floor rows/s = {entry[f'{rival}_vs_floor_rows_per_s']:.2f}x)",
                       flush=True)
         out["datasets"][ds["name"]] = entry
     graded = [(c["kind"], c["verdict"]) for name, e in out["datasets"].items() if name in SHAPES
               for c in e.values() if isinstance(c, dict)]
-    for kind in ("target", "goal"):
+    for kind in ("target", "issue16"):
         verdicts_of_kind = [v for k, v in graded if k == kind]
         out[f"all_{kind}s_pass"] = bool(verdicts_of_kind) and all(v == "PASS" for v in verdicts_of_kind)
         print(f"{kind}s: {verdicts_of_kind.count('PASS')} of {len(verdicts_of_kind)} PASS", flush=True)
@@ -650,9 +959,10 @@ def verdicts(rows: list[dict], datasets: list[dict]) -> dict:
 
 def parse_args(argv) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    for name, (median, rows, quick) in SHAPES.items():
+    for name, (median, rows, quick, group, events) in SHAPES.items():
         ap.add_argument(f"--{name}-rows", type=int, default=None,
-                        help=f"rows of the {name} set, median {median} events (default {rows:,}; --quick {quick:,})")
+                        help=f"rows of the {name} set, median {median} events, {events} event columns, row groups of "
+                        f"{group:,} (default {rows:,}; --quick {quick:,})")
     ap.add_argument("--data-dir", type=Path, default=DATA_ROOT, help="where the datasets are written and cached "
                     f"(default {DATA_ROOT.relative_to(REPO)})")
     ap.add_argument("--ranks", type=int, default=8, help="R: ours' ranks, raysplit's splits (default 8)")
@@ -684,7 +994,7 @@ def parse_args(argv) -> argparse.Namespace:
         if bad or not value:
             ap.error(f"{flag}: unknown {bad or 'empty list'}; choose from {', '.join(allowed)}")
     args.rows = {}
-    for name, (_, rows, quick) in SHAPES.items():
+    for name, (_, rows, quick, _, _) in SHAPES.items():
         given = getattr(args, f"{name}_rows")
         args.rows[name] = given if given is not None else quick if args.quick else rows
         if args.rows[name] < 1:
@@ -720,11 +1030,13 @@ def main(argv=None) -> dict:
     if not have_ours:
         print(f"ours: NOT AVAILABLE ({why_not})", flush=True)
     args.data_dir.mkdir(parents=True, exist_ok=True)
-    datasets = [synth_dataset(name, args.rows[name], args.data_dir, seed=args.seed) if name in SHAPES
+    datasets = [synth_dataset(name, args.rows[name], args.data_dir, seed=args.seed, quick=args.quick) if name in SHAPES
                 else movielens_dataset(args.data_dir) for name in args.datasets]
     free = os.statvfs(args.data_dir)
     print(f"disk free under {args.data_dir}: {free.f_bavail * free.f_frsize / 2**30:.1f} GiB", flush=True)
 
+    if "ours_s3" in args.contenders and have_ours:
+        _S3.append(S3Store())  # before Ray starts: its readers inherit the credentials
     temp_dir = tempfile.mkdtemp(prefix="rb", dir="/tmp")  # short: Ray's socket paths have a length limit
     ray.init(num_cpus=args.num_cpus, include_dashboard=False, _temp_dir=temp_dir, logging_level=logging.WARNING,
              log_to_driver=False)
@@ -741,7 +1053,8 @@ def main(argv=None) -> dict:
               "every consumer (rank, split) has its first batch; CPU s = CPU time of the process tree (Ray's "
               "processes included), cores = CPU s / wall s, CPU s/Mrow = CPU s per million delivered rows; plan "
               "ms/st = planner time per step (ours); mem = peak over the timed passes of (sum of RssAnon over the "
-              "tree + largest RssShmem, i.e. the object store once), (start) = the same when the pass began; RSS = "
+              "tree + largest RssShmem, i.e. the object store once), (start) = the same when the pass began; rise = "
+              "the peak over all the contender's passes (warm-up included) less the memory before its first; RSS = "
               "peak sum of VmRSS (upper bound); foreign = other processes' CPU s in the same pass", flush=True)
         for ds in datasets:
             cols = dataset_columns(ds["path"], args.columns)
@@ -762,6 +1075,8 @@ def main(argv=None) -> dict:
                         row = {**base, **measure(name, ds, cols, cfg, args.warmups, n_rep)}
                     except Exception as exc:  # one contender failing must not lose the others' figures
                         row = {**base, "available": True, "error": f"{type(exc).__name__}: {exc}"}
+                    finally:
+                        close_rank_processes()
                 result_rows.append(row)
                 print_row(row)
                 if row.get("warmup_first_batch_s"):
@@ -771,13 +1086,16 @@ def main(argv=None) -> dict:
                     print(f"          ours stats(): {json.dumps(row['stats'], default=str)[:1500]}; delivered "
                           f"fields {row.get('delivered_fields')}", flush=True)
     finally:
+        close_rank_processes()
         ray.shutdown()
+        while _S3:
+            _S3.pop().close()
         shutil.rmtree(temp_dir, ignore_errors=True)
     targets = verdicts(result_rows, datasets)
     elapsed = time.perf_counter() - started
     print(f"\nbench wall time: {elapsed:.1f} s", flush=True)
     result = {"bench": "loader", "quick": args.quick, "provenance": prov, "machine": info,
-              "config": {"rows": args.rows, "ranks": args.ranks, "microbatches": args.microbatches,
+              "config": {"rows": args.rows, "seed": args.seed, "ranks": args.ranks, "microbatches": args.microbatches,
                          "samples_per_step": args.samples_per_step, "movielens_samples_per_step": MOVIELENS_G,
                          "raysplit_batch_size": args.samples_per_step // args.ranks, "num_cpus": args.num_cpus,
                          "warmup_passes": args.warmups, "repeats": args.repeats, "columns": args.columns,

@@ -56,6 +56,7 @@ from loader.errors import CoordinatorLost, NodeLost, ReadersLost
 from loader.metrics import PUBLISH_S, Publisher, loader_tag
 from loader.pipeline import Resume, warm_up
 from loader.control.protocol import End, Fetched, Health, Lost, Opened, Packed, Reply, Step, Wait, Where
+from loader.read import readahead_units
 from loader.reader import Held, give_back, take_readers
 from loader.control.runs import RunKey
 from loader.control.service import Service
@@ -245,7 +246,8 @@ class Control:
         self.readers = RayReaders(index, config)
         self.publisher = Publisher(self.readers.tag)
         self.publishing: asyncio.Task | None = None
-        self.service = Service(index, config, self.readers, watch=watch, readahead=2 * (config.num_readers or 2))
+        self.service = Service(index, config, self.readers, watch=watch,
+                               readahead=readahead_units(index, config.num_readers or 2))
         # compile or load the planner's kernels beside the first reads (the first plan waits on numba's lock)
         threading.Thread(target=warm_up, args=(config,), daemon=True).start()
 

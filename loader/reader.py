@@ -24,10 +24,11 @@ from loader.assemble import pack
 from loader.clean import UnitMeta
 from loader.metrics import record_read
 from loader.control.protocol import Lost
-from loader.read import read_unit
+from loader.read import decode_unit, fetch_unit
 from loader.sources import SourceIndex
 
 READER_RESTARTS = 8  # per reader actor; a reader that keeps dying points at a real problem
+READ_AHEAD = 1  # row groups a reader fetches while it decodes another
 _PING_S = 10.0  # a warm reader that does not answer this fast is dropped
 
 
@@ -50,7 +51,7 @@ class Held:
     node: str
 
 
-@ray.remote(num_cpus=0, concurrency_groups={"control": 1})
+@ray.remote(num_cpus=0, concurrency_groups={"control": 1, "read": READ_AHEAD + 1})
 class Reader:
     """Reads units and packs rows on its node; holds no state but the objects it owns.
 
@@ -58,18 +59,31 @@ class Reader:
     statuses and lengths plus the object's ref: the coordinator never maps the rows. A pack maps
     units of this node (zero-copy) and puts one object per rank holding just that rank's rows.
     The objects live as long as this process (and someone holds their refs): after a restart the
-    coordinator reads again what the old process held. Reads and packs run one at a time; the
-    small control calls (``alive``, ``pid``, ``node_id``) on a thread of their own, so a liveness
-    check never waits behind queued reads.
+    coordinator reads again what the old process held. Reads decode one at a time, but while one
+    decodes, the bytes of up to ``READ_AHEAD`` more are fetched from remote filesystems (the
+    read-ahead: object storage answers while this process decodes; local files are fetched when
+    their decode starts, so their bytes are not held meanwhile); packs run one at a time; the small control calls
+    (``alive``, ``pid``, ``node_id``) on a thread of their own, so a liveness check never waits
+    behind queued reads.
     """
 
+    def __init__(self) -> None:
+        self.decoding = threading.Lock()
+
+    @ray.method(concurrency_group="read")
     def read(self, unit: SourceIndex, max_seq_len: int | None, skip_corrupt: bool,
              loader: str) -> tuple[UnitMeta, ray.ObjectRef, int]:
         """Read ``unit`` (an index of one row group, :meth:`SourceIndex.only`) for the loader
         tagged ``loader`` in the metrics."""
-        chunk = read_unit(unit, 0, max_seq_len=max_seq_len, skip_corrupt=skip_corrupt)
-        record_read(loader, ray.get_runtime_context().get_node_id(), len(chunk.status), chunk.rows.nbytes)
-        return chunk.meta(), ray.put(chunk.rows), os.getpid()
+        remote = unit.files[0].filesystem.type_name != "local"
+        fetched = fetch_unit(unit, 0, skip_corrupt=skip_corrupt) if remote else None  # beside another's decode
+        with self.decoding:
+            if fetched is None:  # a local file: its bytes come at page-cache speed, fetched bytes would only wait
+                fetched = fetch_unit(unit, 0, skip_corrupt=skip_corrupt)
+            chunk = decode_unit(unit, fetched, max_seq_len=max_seq_len, skip_corrupt=skip_corrupt)
+            del fetched
+            record_read(loader, ray.get_runtime_context().get_node_id(), len(chunk.status), chunk.rows.nbytes)
+            return chunk.meta(), ray.put(chunk.rows), os.getpid()
 
     def pack(self, pieces: dict[int, tuple[np.ndarray, np.ndarray]], refs: dict[int, ray.ObjectRef],
              dtypes: dict[str, np.dtype]) -> tuple[dict[int, ray.ObjectRef], int] | Lost:

@@ -2,8 +2,10 @@
 
 ``source`` is a file, a directory (its ``.parquet``/``.pq`` files, recursively, hidden ``.``/``_``
 entries skipped), a glob (``*``, ``?``, ``[...]`` within one path component) or a list of them, each
-a local path or a pyarrow filesystem URI (``file:///data``, ``s3://bucket/prefix``). Files are read
-in the given order (directory and glob matches sorted), each file once.
+a local path or a pyarrow filesystem URI (``file:///data``, ``s3://bucket/prefix``; a URI's query
+string is the filesystem's options: ``s3://bucket/prefix?endpoint_override=host:port&scheme=http``
+for an S3-compatible server). Files are read in the given order (directory and glob matches sorted),
+each file once.
 
 The index lists every row group as a :class:`Unit` (file, row group, rows): the unit of reading,
 of shuffling and of ownership by reader actors. Every file's schema is checked against the data
@@ -14,6 +16,8 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import threading
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
@@ -31,22 +35,46 @@ _FOOTER_THREADS = 16
 
 @dataclass(frozen=True)
 class DataFile:
-    """One Parquet file and the filesystem that holds it."""
+    """One Parquet file and the filesystem that holds it; ``size`` in bytes once its footer was read
+    (:func:`index_source`), None before."""
 
     path: str
     filesystem: pafs.FileSystem
+    size: int | None = None
 
     def open(self) -> pq.ParquetFile:
         return pq.ParquetFile(self.filesystem.open_input_file(self.path))
 
+    def footer(self) -> pq.FileMetaData:
+        """The file's Parquet footer, read once per process and file version (path and size) while recently
+        used: a reader of many row groups of one file asks object storage for its footer once."""
+        key = (self.filesystem.type_name, self.path, self.size)
+        with _footer_lock:
+            if key in _footers:
+                _footers.move_to_end(key)
+                return _footers[key]
+        metadata = self.open().metadata
+        with _footer_lock:
+            _footers[key] = metadata
+            while len(_footers) > _FOOTERS:
+                _footers.popitem(last=False)
+        return metadata
+
+
+_FOOTERS = 256  # file footers kept per process
+_footer_lock = threading.Lock()
+_footers: OrderedDict[tuple, pq.FileMetaData] = OrderedDict()
+
 
 @dataclass(frozen=True)
 class Unit:
-    """Row group ``row_group`` of file ``file`` (an index into ``SourceIndex.files``), ``rows`` rows."""
+    """Row group ``row_group`` of file ``file`` (an index into ``SourceIndex.files``), ``rows`` rows;
+    ``nbytes``: the uncompressed size of its carried columns, from the footer (about what it decodes to)."""
 
     file: int
     row_group: int
     rows: int
+    nbytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -83,7 +111,7 @@ class SourceIndex:
         """An index of row group ``unit`` alone (as its unit 0): all a reader needs to read it, a
         few hundred bytes however large the source."""
         u = self.units[unit]
-        return replace(self, files=(self.files[u.file],), units=(Unit(0, u.row_group, u.rows),), skipped_files=())
+        return replace(self, files=(self.files[u.file],), units=(replace(u, file=0),), skipped_files=())
 
     def describe(self, unit: int) -> str:
         """``path (row group g)`` for messages."""
@@ -113,13 +141,14 @@ def index_source(source, *, columns: Columns = Columns(), skip_corrupt: bool = F
                 ) from footer
             skipped.append((file.path, f"corrupt file: {_one_line(footer)}"))
             continue
-        schema, row_counts = footer
+        file, schema, row_counts = footer
         carried = _carried_columns(schema, file.path, columns)
         if reference is None:
             reference = (file.path, carried)
         _check_same_columns(file.path, carried, *reference)
+        sizes = _carried_bytes(file.footer(), {columns.user, *carried})
         for group, rows in enumerate(row_counts):
-            units.append(Unit(file=len(kept), row_group=group, rows=rows))
+            units.append(Unit(file=len(kept), row_group=group, rows=rows, nbytes=sizes[group]))
         kept.append(file)
     if reference is None:
         raise ValueError(
@@ -147,13 +176,14 @@ def resolve(source) -> list[DataFile]:
 
 
 def _resolve_one(text: str) -> list[DataFile]:
+    text, query = _split_query(text)
     wild = next((i for i, ch in enumerate(text) if ch in _WILDCARDS), None)
     if wild is not None:
         base_end = text.rfind("/", 0, wild)
         base, pattern = (text[:base_end], text[base_end + 1 :]) if base_end >= 0 else (".", text)
-        filesystem, base_path = _filesystem(base or "/")
+        filesystem, base_path = _filesystem((base or "/") + query)
         return [DataFile(p, filesystem) for p in _glob(filesystem, base_path, pattern, text)]
-    filesystem, path = _filesystem(text)
+    filesystem, path = _filesystem(text + query)
     info = filesystem.get_file_info(path)
     if info.type == pafs.FileType.NotFound:
         raise FileNotFoundError(f"{text}: no such file or directory")
@@ -170,6 +200,17 @@ def _resolve_one(text: str) -> list[DataFile]:
     if not found:
         raise FileNotFoundError(f"{text}: directory holds no .parquet or .pq files")
     return [DataFile(p, filesystem) for p in found]
+
+
+def _split_query(text: str) -> tuple[str, str]:
+    """A URI's path and its query (``"?endpoint_override=...&scheme=http"``: the filesystem's options, as pyarrow
+    reads them), so that the query's ``?`` is not taken for a wildcard; ``(text, "")`` for anything else."""
+    if "://" not in text or "?" not in text:
+        return text, ""
+    path, query = text.rsplit("?", 1)
+    if all("=" in option for option in query.split("&")):
+        return path, "?" + query
+    return text, ""
 
 
 def _filesystem(text: str) -> tuple[pafs.FileSystem, str]:
@@ -206,16 +247,29 @@ def _hidden(relative: str) -> bool:
     return any(part.startswith((".", "_")) for part in relative.split("/") if part)
 
 
-def _read_footer(file: DataFile) -> tuple[pa.Schema, list[int]] | Exception:
-    """(schema, rows per row group), or the exception a corrupt footer raised."""
+def _read_footer(file: DataFile) -> tuple[DataFile, pa.Schema, list[int]] | Exception:
+    """(the file with its size, schema, rows per row group), or the exception a corrupt footer raised.
+    The footer stays in this process's cache (:meth:`DataFile.footer`) for the reads that follow."""
     try:
-        parquet = file.open()
-        metadata = parquet.metadata
-        return parquet.schema_arrow, [metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)]
+        with file.filesystem.open_input_file(file.path) as stream:
+            file = replace(file, size=stream.size())
+        metadata = file.footer()
+        schema = metadata.schema.to_arrow_schema()
+        return file, schema, [metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)]
     except FileNotFoundError:
         raise
     except (pa.ArrowException, OSError) as exc:  # bad magic bytes, truncated or garbled thrift
         return exc
+
+
+def _carried_bytes(metadata: pq.FileMetaData, names: set[str]) -> list[int]:
+    """Uncompressed bytes of the column chunks of ``names`` (top-level columns) in each row group."""
+    out = []
+    for g in range(metadata.num_row_groups):
+        group = metadata.row_group(g)
+        out.append(sum(group.column(j).total_uncompressed_size for j in range(group.num_columns)
+                       if group.column(j).path_in_schema.split(".", 1)[0] in names))
+    return out
 
 
 def _carried_columns(schema: pa.Schema, path: str, columns: Columns) -> dict[str, pa.DataType]:

@@ -1,5 +1,5 @@
-"""``bench/ingest.py``: its argument checks, and one end-to-end run at tiny sizes (every contender on both shapes,
-a local Ray of its own, started and shut down by the script)."""
+"""``bench/ingest.py``: its argument checks, the plain-pyarrow datasets, and one end-to-end run at tiny sizes (every
+contender on one shape, a local Ray of its own, started and shut down by the script)."""
 
 import json
 import os
@@ -16,7 +16,7 @@ bench_ingest = load("ingest")
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--contenders", "floor,spdl"], "--contenders: unknown ['spdl']"),
+    (["--contenders", "floor,dali"], "--contenders: unknown ['dali']"),
     (["--datasets", ""], "--datasets: unknown empty list"),
     (["--short-rows", "0"], "--short-rows must be >= 1, got 0"),
     (["--repeats", "0"], "--repeats must be >= 1, got 0"),
@@ -31,48 +31,71 @@ def test_bad_arguments_name_the_value(argv, message, capsys):
 
 def test_quick_defaults():
     args = bench_ingest.parse_args(["--quick", "--short-rows", "50"])
-    assert args.rows == {"long": 10_000, "short": 50} and args.repeats == 1 and args.quiet_wait == 0
+    assert args.rows["long"] == 6_000 and args.rows["short"] == 50 and args.repeats == 1 and args.quiet_wait == 0
     args = bench_ingest.parse_args([])
-    assert args.rows == {"long": 120_000, "short": 1_500_000} and args.repeats == 2 and args.datasets == ["long", "short"]
+    assert args.rows["long"] == 120_000 and args.rows["short"] == 1_500_000 and args.repeats == 2
+    assert args.datasets == ["long", "short"]
+
+
+@pytest.mark.parametrize("events", [2, 3])
+def test_plain_dataset_is_what_pyarrow_wrote(tmp_path, events):
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    tokens = bench_ingest.write_plain(tmp_path, rows=1001, median=15, group=100, events=events, seed=3)
+    files = sorted(tmp_path.glob("part-*.parquet"))
+    assert len(files) == bench_ingest.FILES
+    table = pq.ParquetDataset(files).read()
+    assert table.num_rows == 1001 and table.column_names == ["user_id", "item_ids", "timestamps", "ratings"][:1 + events]
+    assert sorted(table.column("user_id").to_pylist()) == list(range(1001))
+    lengths = np.array([len(x) for x in table.column("item_ids").to_pylist()])
+    assert lengths.sum() == tokens and lengths.min() >= 1 and 5 < np.median(lengths) < 40
+    for column in table.column_names[2:]:  # every event column as long as the items
+        assert [len(x) for x in table.column(column).to_pylist()] == lengths.tolist()
+    assert {pq.ParquetFile(f).metadata.row_group(0).num_rows for f in files} == {100}
 
 
 @pytest.mark.slow
 def test_end_to_end_tiny(tmp_path):
     pytest.importorskip("pydantic", reason="Ray Data's iter_torch_batches needs the bench extra (pydantic)")
+    pytest.importorskip("spdl", reason="the spdl contender needs the bench extra (spdl)")
+    pytest.importorskip("moto.server", reason="the ours_s3 contender needs the test extra (moto[server])")
     out = tmp_path / "bench.json"
     env = {**os.environ, "NUMBA_CACHE_DIR": os.environ.get("NUMBA_CACHE_DIR", "/tmp/numba-cache"),
            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-    # short: 2001 rows, so raysplit's equal split over 2 ranks drops exactly one
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--long-rows", "300", "--short-rows", "2001",
-                           "--ranks", "2", "--microbatches", "2", "--samples-per-step", "256", "--warmups", "0",
-                           "--num-cpus", "2", "--data-dir", str(tmp_path / "data"), "--json-out", str(out)],
-                          capture_output=True, text=True, timeout=240, env=env, cwd=SCRIPT.parents[1])
+    contenders = ["floor", "spdl", "raysplit", "ours", "ours_s3", "named2", "split2"]
+    # 2001 rows, so raysplit's and split2's equal splits over 2 drop exactly one
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--short-rows", "2001", "--datasets", "short",
+                           "--contenders", ",".join(contenders), "--ranks", "2", "--microbatches", "2",
+                           "--samples-per-step", "256", "--warmups", "0", "--num-cpus", "2",
+                           "--data-dir", str(tmp_path / "data"), "--json-out", str(out)],
+                          capture_output=True, text=True, timeout=280, env=env, cwd=SCRIPT.parents[1])
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == result  # the JSON line is printed last
-    assert "== targets (issue 16" in proc.stdout
-    assert [d["name"] for d in result["datasets"]] == ["long", "short"]
-    assert [d["params"]["median"] for d in result["datasets"]] == [400, 15]
-    got = {(r["dataset"], r["contender"]): r for r in result["rows"]}
-    assert set(got) == {(d, c) for d in ("long", "short") for c in bench_ingest.CONTENDERS}
-    for (dataset, contender), row in got.items():
-        assert row["available"] and row["error"] is None and row["complete"], (dataset, contender, row)
+    assert "== targets (issue 28" in proc.stdout
+    (dataset,) = result["datasets"]
+    assert dataset["params"]["median"] == 15 and dataset["params"]["writer"] == "pyarrow"
+    got = {r["contender"]: r for r in result["rows"]}
+    assert list(got) == contenders
+    for contender, row in got.items():
+        assert row["available"] and row["error"] is None and row["complete"], (contender, row)
         # CPU comes in 10 ms clock ticks: a tiny pass on warm readers can take none
         assert row["rows_per_s"] > 0 and row["cpu_s"] >= 0 and row["cpu_s_per_mrow"] == pytest.approx(
             row["cpu_s"] / row["rows"] * 1e6)
         assert 0 < row["first_batch_s"] <= row["wall_s"]
-        assert row["consumers"] == (2 if contender in ("raysplit", "ours", "ours_dl") else 1)
-    assert got["short", "raysplit"]["rows"] == 2000 and got["short", "raysplit"]["dropped_rows"] == 1
-    assert got["short", "raysplit"]["batch_size_per_split"] == 128 and got["short", "ours"]["rows"] == 2001
-    assert got["long", "ours"]["equal_microbatches"] and got["long", "ours_dl"]["equal_microbatches"]
-    assert got["short", "ours_dl"]["rows"] == 2001
-    targets = result["targets"]
-    for dataset in ("long", "short"):
-        entry = targets["datasets"][dataset]
-        for key in ("ours_vs_raydata_rows_per_s", "ours_vs_raydata_cpu_per_row", "ours_vs_raysplit_rows_per_s",
-                    "ours_vs_raysplit_cpu_per_row", "ours_first_batch_s", "ours_vs_floor_rows_per_s",
-                    "ours_dl_vs_ours_rows_per_s"):
-            least = 0 if "cpu" in key else 1e-12  # ours' CPU can be 0 ticks (above)
-            assert entry[key]["value"] >= least and entry[key]["verdict"] in ("PASS", "FAIL"), (dataset, key)
-        assert entry["raydata_vs_floor_rows_per_s"] > 0 and entry["raysplit_vs_floor_rows_per_s"] > 0
-    assert isinstance(targets["all_targets_pass"], bool) and isinstance(targets["all_goals_pass"], bool)
+        assert row["consumers"] == (2 if contender in ("raysplit", "ours", "ours_s3", "named2", "split2") else 1)
+    for split in ("raysplit", "split2"):
+        assert got[split]["rows"] == 2000 and got[split]["dropped_rows"] == 1
+        assert got[split]["batch_size_per_split"] == 128
+    assert got["ours"]["rows"] == got["ours_s3"]["rows"] == got["named2"]["rows"] == 2001
+    assert got["ours"]["equal_microbatches"] and got["named2"]["equal_microbatches"]
+    entry = result["targets"]["datasets"]["short"]
+    for key in ("ours_vs_spdl_rows_per_s", "ours_vs_spdl_cpu_per_row", "ours_first_batch_s", "named2_vs_spdl_rows_per_s",
+                "named2_vs_split2_rows_per_s", "named2_first_batch_s", "ours_vs_raysplit_rows_per_s",
+                "ours_s3_vs_ours_rows_per_s"):
+        least = 0 if "cpu" in key else 1e-12  # ours' CPU can be 0 ticks (above)
+        assert entry[key]["value"] >= least and entry[key]["verdict"] in ("PASS", "FAIL"), key
+    assert "named8_vs_spdl_rows_per_s" not in entry and "ours_vs_floor_mem_rise" not in entry  # not run / not mem
+    assert entry["spdl_vs_floor_rows_per_s"] > 0
+    assert isinstance(result["targets"]["all_targets_pass"], bool)

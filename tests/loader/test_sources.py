@@ -94,3 +94,24 @@ def test_corrupt_file_is_named_or_skipped_and_counted(tmp_path):
     (tmp_path / "d" / "part-00000.parquet").write_bytes(b"garbage")
     with pytest.raises(ValueError, match="none of its 2 Parquet file"):
         index_source(data, skip_corrupt=True)
+
+
+def test_units_carry_the_decoded_size_of_their_carried_columns_and_bound_the_read_ahead(tmp_path, monkeypatch):
+    from loader import read
+
+    table = _table(6, timestamps=[[5, 6]] * 6, notes=["x" * 500] * 6)  # notes: not a list column, not carried
+    path = _write(tmp_path / "a.parquet", table, row_group_size=3)
+    index = index_source(path)
+    meta = pq.ParquetFile(path).metadata
+    for unit in index.units:
+        group = meta.row_group(unit.row_group)
+        carried = [group.column(j) for j in range(group.num_columns)
+                   if group.column(j).path_in_schema.split(".")[0] != "notes"]
+        assert unit.nbytes == sum(c.total_uncompressed_size for c in carried) > 0
+        assert index.only(index.units.index(unit)).units[0].nbytes == unit.nbytes
+    largest = max(u.nbytes for u in index.units)
+    assert read.readahead_units(index, 2) == 4  # small row groups: two per reader
+    monkeypatch.setattr(read, "READ_AHEAD_BYTES", 3 * largest)
+    assert read.readahead_units(index, 2) == 3
+    monkeypatch.setattr(read, "READ_AHEAD_BYTES", largest // 2)
+    assert read.readahead_units(index, 2) == 1  # at least one

@@ -1,0 +1,104 @@
+"""``s3://`` sources, read from an S3-compatible server on loopback (moto's server mode, started and stopped by
+the module): the same rows, exactly once, the same batches and the same resume as from local disk, on both
+backends; and the ranged reads behind the readers' read-ahead."""
+
+import socket
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import pytest
+
+from loader import SequenceLoader
+from loader.read import RowGroupBytes, decode_unit, fetch_unit, read_unit
+from loader.sources import index_source
+
+from .helpers import assert_resume_equal, by_threads, collect, histories, source_histories, synth
+
+moto_server = pytest.importorskip("moto.server", reason="needs the test extra (moto[server])")
+
+BUCKET = "histories"
+KWARGS = dict(ranks=3, microbatches=2, samples_per_step=37, shuffle_window=60, max_seq_len=30, seed=4, num_readers=2)
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    """A moto S3 server on 127.0.0.1 (a free port), credentials in the environment (Ray's workers and resumed
+    processes inherit them), and a synthetic set uploaded to it: (URI of the set, its local copy)."""
+    local = synth(tmp_path_factory.mktemp("s3src"), users=200, max_len=40, files=3, rows_per_group=25)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        with pytest.MonkeyPatch.context() as env:
+            for key, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
+                               ("AWS_DEFAULT_REGION", "us-east-1"), ("AWS_EC2_METADATA_DISABLED", "true")):
+                env.setenv(key, value)
+            query = f"endpoint_override=127.0.0.1:{port}&scheme=http&region=us-east-1"
+            filesystem, _ = pafs.FileSystem.from_uri(f"s3://{BUCKET}?{query}&allow_bucket_creation=true")
+            filesystem.create_dir(BUCKET)
+            pafs.copy_files(str(local), f"{BUCKET}/data", source_filesystem=pafs.LocalFileSystem(),
+                            destination_filesystem=filesystem)
+            yield f"s3://{BUCKET}/data?{query}", local
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("backend", ["inline", "ray"])
+def test_s3_rows_exactly_once_and_batches_as_from_local_disk(request, s3, backend):
+    uri, local = s3
+    if backend == "ray":
+        request.getfixturevalue("ray_address")  # a local Ray for the module, started after the server
+    index = index_source(uri)
+    assert [f.path for f in index.files] == [f"{BUCKET}/data/part-{i:05d}.parquet" for i in range(3)]
+    assert {f.filesystem.type_name for f in index.files} == {"s3"}
+    with SequenceLoader(local, backend="inline", **KWARGS) as disk:
+        expected = collect(disk)
+    with SequenceLoader(uri, backend=backend, **KWARGS) as loader:
+        got = collect(loader) if backend == "inline" else by_threads(loader, KWARGS["ranks"])
+        stats = loader.stats()
+    if backend == "ray":  # [rank][microbatch] -> [step][rank][microbatch]
+        M = KWARGS["microbatches"]
+        got = [[rank[s * M:(s + 1) * M] for rank in got] for s in range(len(got[0]) // M)]
+    assert got == expected
+    assert histories(got) == source_histories(local, 30)
+    assert stats["rows_read"] == stats["rows_delivered"] == 200
+
+
+@pytest.mark.parametrize("backend", ["inline", "ray"])
+def test_s3_resume_in_a_new_process(request, s3, backend):
+    if backend == "ray":
+        request.getfixturevalue("ray_address")
+    assert_resume_equal(s3[0], {**KWARGS, "backend": backend}, stop_after=2, spawn=backend == "inline")
+
+
+def test_fetch_reads_only_the_carried_columns_range(tmp_path):
+    table = pa.table({"user_id": [1, 2, 3], "item_ids": [[1], [2, 3], [4, 5, 6]],
+                      "notes": ["x" * 1000, "y" * 1000, "z" * 1000]})  # not a list column: not carried
+    pq.write_table(table, tmp_path / "a.parquet", row_group_size=2)
+    index = index_source(tmp_path / "a.parquet")
+    size = (tmp_path / "a.parquet").stat().st_size
+    for unit in range(2):
+        fetched = fetch_unit(index, unit, skip_corrupt=False)
+        group = pq.ParquetFile(tmp_path / "a.parquet").metadata.row_group(unit)
+        stop = max(_chunk_end(group.column(j)) for j in range(2))  # user_id, item_ids; not notes
+        assert 0 < fetched.start and stop <= fetched.start + fetched.data.size <= stop + 1024  # ids and items only
+        chunk = decode_unit(index, fetched, max_seq_len=None, skip_corrupt=False)
+        assert chunk.rows.user_ids.tolist() == [[1, 2], [3]][unit]
+    assert index.files[0].footer() is index.files[0].footer()  # read once per process
+    first = fetch_unit(index, 0, skip_corrupt=False)
+    assert first.size == size
+    end = max(_chunk_end(first.metadata.row_group(0).column(j)) for j in range(2))
+    short = RowGroupBytes(0, first.start, first.data.slice(0, end - first.start - 1), first.metadata, first.size)
+    with pytest.raises(ValueError, match=r"a.parquet \(row group 0\): cannot be decoded \(.*\); the file is corrupt"):
+        decode_unit(index, short, max_seq_len=None, skip_corrupt=False)
+    assert decode_unit(index, short, max_seq_len=None, skip_corrupt=True).status.tolist() == [6, 6]
+    assert read_unit(index, 1, max_seq_len=None, skip_corrupt=False).rows.user_ids.tolist() == [3]
+
+
+def _chunk_end(chunk) -> int:
+    """Where a column chunk ends: its size counts from its dictionary page, when it has one."""
+    first = chunk.dictionary_page_offset if chunk.has_dictionary_page else chunk.data_page_offset
+    return first + chunk.total_compressed_size
