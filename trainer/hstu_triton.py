@@ -144,33 +144,45 @@ def _load_rows(ptr, seq, offs, in_rows, h, stride_t, stride_h, offs_d, d_ok):
 
 
 @triton.jit
+def _program_tile(offsets, blk_sample, blk_start):
+    """This program's tile (axis 0 of the grid, ``block_table``): (first token of its sample (int64), the tile's
+    first position inside the sample, the sample's length)."""
+    blk = tl.program_id(0)
+    sample = tl.load(blk_sample + blk)
+    seq = tl.load(offsets + sample)
+    return seq, tl.load(blk_start + blk), (tl.load(offsets + sample + 1) - seq).to(tl.int32)
+
+
+@triton.jit
+def _stamps(ts, seq, offs, mask, BLOCK: tl.constexpr, HAS_TIME: tl.constexpr):
+    """Timestamps of positions ``offs`` of the sample at ``seq`` (BLOCK,), int64; zeros without time bias."""
+    t = tl.zeros([BLOCK], tl.int64)
+    if HAS_TIME:
+        t = tl.load(ts + seq + offs, mask=mask, other=0)
+    return t
+
+
+@triton.jit
 def _fwd_kernel(Q, K, V, O, offsets, blk_sample, blk_start, pos_w, pos_table, time_w, ts, time_thr,
                 stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
                 stride_pw, stride_tw, inv_n, head_dim, n_time,
                 HAS_POS: tl.constexpr, HAS_TIME: tl.constexpr, PER_OCTAVE: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
     """One program: BLOCK_M queries of one sample, one head; keys of that sample up to the diagonal."""
-    blk, h = tl.program_id(0), tl.program_id(1)
-    sample = tl.load(blk_sample + blk)
-    m0 = tl.load(blk_start + blk)
-    seq = tl.load(offsets + sample)  # int64: the sample's first token
-    length = (tl.load(offsets + sample + 1) - seq).to(tl.int32)
+    h = tl.program_id(1)
+    seq, m0, length = _program_tile(offsets, blk_sample, blk_start)
     offs_m = m0 + tl.arange(0, BLOCK_M)  # (BM,) positions inside the sample
     offs_d = tl.arange(0, BLOCK_D)
     in_m, d_ok = offs_m < length, offs_d < head_dim
     q = _load_rows(Q, seq, offs_m, in_m, h, stride_qt, stride_qh, offs_d, d_ok)  # (BM, BD)
-    tq = tl.zeros([BLOCK_M], tl.int64)
-    if HAS_TIME:
-        tq = tl.load(ts + seq + offs_m, mask=in_m, other=0)
+    tq = _stamps(ts, seq, offs_m, in_m, BLOCK_M, HAS_TIME)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for n0 in range(0, tl.minimum(m0 + BLOCK_M, length), BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)  # (BN,)
         in_n = offs_n < length
         k = _load_rows(K, seq, offs_n, in_n, h, stride_kt, stride_kh, offs_d, d_ok)  # (BN, BD)
         v = _load_rows(V, seq, offs_n, in_n, h, stride_vt, stride_vh, offs_d, d_ok)
-        tk = tl.zeros([BLOCK_N], tl.int64)
-        if HAS_TIME:
-            tk = tl.load(ts + seq + offs_n, mask=in_n, other=0)
+        tk = _stamps(ts, seq, offs_n, in_n, BLOCK_N, HAS_TIME)
         valid = (offs_m[:, None] >= offs_n[None, :]) & in_m[:, None]  # causal; implies key < length
         s, _, _ = _scores(q, k, h, offs_m, offs_n, valid, tq, tk, pos_w, pos_table, time_w, time_thr, stride_pw,
                           stride_tw, n_time, HAS_POS, HAS_TIME, PER_OCTAVE, PRECISION)
@@ -192,19 +204,14 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, DPOS, DTIME, offsets, blk_sample, blk_
     dv = A^T dO, dk = dS^T q, and the bias-table gradients (sums of dS per bucket), with
     dS = (dO v^T) * SiLU'(s) / max_len on the causal pairs. DK, DV are contiguous ``(T, H, D)``.
     """
-    blk, h = tl.program_id(0), tl.program_id(1)
-    sample = tl.load(blk_sample + blk)
-    n0 = tl.load(blk_start + blk)
-    seq = tl.load(offsets + sample)
-    length = (tl.load(offsets + sample + 1) - seq).to(tl.int32)
+    h = tl.program_id(1)
+    seq, n0, length = _program_tile(offsets, blk_sample, blk_start)
     offs_n = n0 + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     in_n, d_ok = offs_n < length, offs_d < head_dim
     k = _load_rows(K, seq, offs_n, in_n, h, stride_kt, stride_kh, offs_d, d_ok)  # (BN, BD)
     v = _load_rows(V, seq, offs_n, in_n, h, stride_vt, stride_vh, offs_d, d_ok)
-    tk = tl.zeros([BLOCK_N], tl.int64)
-    if HAS_TIME:
-        tk = tl.load(ts + seq + offs_n, mask=in_n, other=0)
+    tk = _stamps(ts, seq, offs_n, in_n, BLOCK_N, HAS_TIME)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     for m0 in range((n0 // BLOCK_M) * BLOCK_M, length, BLOCK_M):
@@ -212,9 +219,7 @@ def _bwd_dkdv_kernel(Q, K, V, DO, DK, DV, DPOS, DTIME, offsets, blk_sample, blk_
         in_m = offs_m < length
         q = _load_rows(Q, seq, offs_m, in_m, h, stride_qt, stride_qh, offs_d, d_ok)  # (BM, BD)
         do = _load_rows(DO, seq, offs_m, in_m, h, stride_dot, stride_doh, offs_d, d_ok)
-        tq = tl.zeros([BLOCK_M], tl.int64)
-        if HAS_TIME:
-            tq = tl.load(ts + seq + offs_m, mask=in_m, other=0)
+        tq = _stamps(ts, seq, offs_m, in_m, BLOCK_M, HAS_TIME)
         valid = (offs_m[:, None] >= offs_n[None, :]) & in_m[:, None]  # (BM, BN)
         s, pos_b, time_b = _scores(q, k, h, offs_m, offs_n, valid, tq, tk, pos_w, pos_table, time_w, time_thr,
                                    stride_pw, stride_tw, n_time, HAS_POS, HAS_TIME, PER_OCTAVE, PRECISION)
@@ -241,28 +246,21 @@ def _bwd_dq_kernel(Q, K, V, DO, DQ, offsets, blk_sample, blk_start, pos_w, pos_t
                    HAS_POS: tl.constexpr, HAS_TIME: tl.constexpr, PER_OCTAVE: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
     """One program: BLOCK_M queries of one sample, one head: dq = dS k over the keys up to the diagonal."""
-    blk, h = tl.program_id(0), tl.program_id(1)
-    sample = tl.load(blk_sample + blk)
-    m0 = tl.load(blk_start + blk)
-    seq = tl.load(offsets + sample)
-    length = (tl.load(offsets + sample + 1) - seq).to(tl.int32)
+    h = tl.program_id(1)
+    seq, m0, length = _program_tile(offsets, blk_sample, blk_start)
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     in_m, d_ok = offs_m < length, offs_d < head_dim
     q = _load_rows(Q, seq, offs_m, in_m, h, stride_qt, stride_qh, offs_d, d_ok)  # (BM, BD)
     do = _load_rows(DO, seq, offs_m, in_m, h, stride_dot, stride_doh, offs_d, d_ok)
-    tq = tl.zeros([BLOCK_M], tl.int64)
-    if HAS_TIME:
-        tq = tl.load(ts + seq + offs_m, mask=in_m, other=0)
+    tq = _stamps(ts, seq, offs_m, in_m, BLOCK_M, HAS_TIME)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for n0 in range(0, tl.minimum(m0 + BLOCK_M, length), BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         in_n = offs_n < length
         k = _load_rows(K, seq, offs_n, in_n, h, stride_kt, stride_kh, offs_d, d_ok)  # (BN, BD)
         v = _load_rows(V, seq, offs_n, in_n, h, stride_vt, stride_vh, offs_d, d_ok)
-        tk = tl.zeros([BLOCK_N], tl.int64)
-        if HAS_TIME:
-            tk = tl.load(ts + seq + offs_n, mask=in_n, other=0)
+        tk = _stamps(ts, seq, offs_n, in_n, BLOCK_N, HAS_TIME)
         valid = (offs_m[:, None] >= offs_n[None, :]) & in_m[:, None]
         s, _, _ = _scores(q, k, h, offs_m, offs_n, valid, tq, tk, pos_w, pos_table, time_w, time_thr, stride_pw,
                           stride_tw, n_time, HAS_POS, HAS_TIME, PER_OCTAVE, PRECISION)
