@@ -45,6 +45,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -56,6 +57,25 @@ from trainer.attention import AttentionImpl, RelativeBias, jagged_attention
 
 REPO = Path(__file__).resolve().parents[1]
 METHODS = ("triton", "grouped", "sdpa_padded")
+
+
+class Tile(NamedTuple):
+    """A launch of the Triton kernel: query and key block rows, and warps (the backward gets twice as many)."""
+
+    block_m: int
+    block_n: int
+    warps: int
+
+    @classmethod
+    def parse(cls, text: str) -> Tile:
+        """``"64x64x4"`` -> Tile(64, 64, 4)."""
+        parts = text.split("x")
+        if len(parts) != 3 or not all(p.isdigit() for p in parts):
+            raise ValueError(f"tile {text!r}: write BLOCK_MxBLOCK_NxWARPS, e.g. 64x64x4")
+        return cls(*map(int, parts))
+
+    def name(self) -> str:
+        return f"triton_{self.block_m}x{self.block_n}x{self.warps}"
 BIASES = ("none", "position", "position+time")
 
 
@@ -102,6 +122,7 @@ class Batch:
         self.lengths = lengths
         self.n, self.tokens, self.longest = len(lengths), int(lengths.sum()), int(lengths.max())
         self.heads, self.head_dim = args.heads, args.head_dim
+        self.tiles = {tile.name(): tile for tile in args.tiles}  # extra methods: the kernel at given tiles
         offsets = torch.zeros(self.n + 1, dtype=torch.int64)
         offsets[1:] = torch.as_tensor(np.cumsum(lengths))
         shape = (self.tokens, self.heads, self.head_dim)
@@ -137,6 +158,12 @@ class Batch:
         bias = None
         if self.rel is not None:
             bias = self.rel(self.offsets, self.timestamps if self.rel.time_weight is not None else None)
+        tile = self.tiles.get(method)
+        if tile is not None:
+            from trainer.hstu_triton import hstu_attention
+
+            return hstu_attention(self.q, self.k, self.v, self.offsets, bias, max_len, block_m=tile.block_m,
+                                  block_n=tile.block_n, num_warps=tile.warps)
         impl = AttentionImpl.TRITON if method == "triton" else AttentionImpl.GROUPED
         return jagged_attention(self.q, self.k, self.v, self.offsets, kind="hstu", bias=bias, max_len=max_len,
                                 impl=impl)
@@ -227,6 +254,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated subset of {','.join(METHODS)}")
     ap.add_argument("--warmup", type=int, default=None)
     ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--tiles", default="", help="comma-separated BLOCK_MxBLOCK_NxWARPS launches of the Triton "
+                    "kernel, each timed as one more method (triton_64x64x4, ...): a sweep for its defaults")
+    ap.add_argument("--allow-tf32", action="store_true",
+                    help="torch.backends.cuda.matmul.allow_tf32 = True: float32 matmuls (grouped and Triton) in tf32")
     ap.add_argument("--quick", action="store_true", help="small sizes: a GPU check of the script")
     ap.add_argument("--smoke", action="store_true",
                     help="CPU: the logic at tiny sizes, no Triton; numbers mean nothing")
@@ -248,7 +279,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.smoke:
         args.median, args.dtype = 10.0, "float32"
         methods = [m for m in methods if m != "triton"]  # needs CUDA
-    args.methods = methods
+    try:
+        args.tiles = [Tile.parse(t) for t in args.tiles.split(",") if t]
+    except ValueError as exc:
+        ap.error(str(exc))
+    args.methods = methods + [tile.name() for tile in args.tiles if not args.smoke]
     return args
 
 
@@ -259,6 +294,7 @@ def main(argv=None) -> dict:
               "the CPU", file=sys.stderr)
         raise SystemExit(2)
     device = torch.device("cpu" if args.smoke else "cuda")
+    torch.backends.cuda.matmul.allow_tf32 = args.allow_tf32
     dtype = getattr(torch, args.dtype)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"device: {name}; torch {torch.__version__}; {args.heads} heads x {args.head_dim}, {dtype}, bias "

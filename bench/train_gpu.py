@@ -39,7 +39,7 @@ import balancer
 from balancer.metrics import lockstep_bubble
 from analysis.workloads import sample_lengths
 from freescale.provenance import emit
-from trainer.attention import jagged_attention
+from trainer.attention import AttentionImpl, jagged_attention
 from trainer.loss import sampled_softmax_loss
 from trainer.model import HSTU
 
@@ -53,7 +53,8 @@ class Workload:
     def __init__(self, args, device: torch.device) -> None:
         torch.manual_seed(0)
         self.device, self.repeats = device, args.repeats
-        self.model = HSTU(args.d_model, args.layers, args.heads, max_len=args.max_len).to(device)
+        self.model = HSTU(args.d_model, args.layers, args.heads, max_len=args.max_len,
+                          attention_impl=args.attention_impl).to(device)
         self.table = torch.nn.Parameter(torch.randn(args.items, args.d_model, device=device) * 0.02)
         self.negatives = args.negatives
         self.items = args.items
@@ -190,7 +191,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--items", type=int, default=100_000)
     ap.add_argument("--negatives", type=int, default=512)
-    ap.add_argument("--attention", choices=("hstu", "softmax"), default="softmax")
+    ap.add_argument("--attention", choices=("hstu", "softmax"), default="softmax",
+                    help="part 3's attention kind")
+    ap.add_argument("--attention-impl", choices=[i.value for i in AttentionImpl], default=AttentionImpl.AUTO.value,
+                    help="the HSTU model's attention path in parts 1-2 (auto: the Triton kernel on CUDA)")
     ap.add_argument("--attention-samples", type=int, default=64)
     ap.add_argument("--fit-microbatches", type=int, default=60)
     ap.add_argument("--repeats", type=int, default=3)

@@ -372,6 +372,12 @@ class _HSTUAttention(torch.autograd.Function):
         return dq, dk, dv, dpos, dtime, None
 
 
+def _precision(dtype: torch.dtype) -> str:
+    """tl.dot's input precision: float32 inputs follow torch's matmul flag (exact float32 unless
+    ``torch.backends.cuda.matmul.allow_tf32``, as the grouped path's matmuls do); 16-bit inputs multiply exactly."""
+    return "tf32" if dtype != torch.float32 or torch.backends.cuda.matmul.allow_tf32 else "ieee"
+
+
 def _power_of_two_tile(name: str, value: int) -> int:
     if value < 16 or value & (value - 1):
         raise ValueError(f"hstu_attention: {name}={value} must be a power of two >= 16 (tl.dot's smallest tile)")
@@ -421,6 +427,6 @@ def hstu_attention(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, bias: Jagge
         k_blocks=q_blocks if block_n == block_m else block_table(offsets, block_n),
         inv_n=1.0 / max_len, pos_table=pos_table, timestamps=timestamps, time_thr=time_thr,
         block_m=block_m, block_n=block_n, block_d=block_d,
-        precision="ieee" if q.dtype == torch.float32 else "tf32", num_warps=num_warps,
+        precision=_precision(q.dtype), num_warps=num_warps,
     )
     return _HSTUAttention.apply(q, k, v, pos_w, time_w, launch)

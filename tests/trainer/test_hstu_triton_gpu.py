@@ -38,14 +38,14 @@ def test_kernel_matches_grouped_path_on_cuda(dtype, tol, time_bias):
     # the reference in float32 from the same (rounded) inputs: the kernel multiplies bf16 exactly into float32
     ref = jagged_attention(q.float(), k.float(), v.float(), offsets, kind="hstu", bias=bound, max_len=MAX_LEN,
                            impl=AttentionImpl.GROUPED)
-    scale = ref.float().abs().max()
+    scale = float(ref.float().abs().max())  # assert_close takes a float atol, not a tensor
     torch.testing.assert_close(got.float(), ref.float(), rtol=tol, atol=tol * scale)
     weight = torch.randn_like(ref)  # float32
     inputs = [q, k, v, *rel.parameters()]
     got_grads = torch.autograd.grad((got * weight).sum(), inputs)
     ref_grads = torch.autograd.grad((ref * weight).sum(), inputs)
     for g, r in zip(got_grads, ref_grads):
-        torch.testing.assert_close(g.float(), r.float(), rtol=tol, atol=tol * r.float().abs().max())
+        torch.testing.assert_close(g.float(), r.float(), rtol=tol, atol=tol * float(r.float().abs().max()))
 
 
 def test_auto_is_the_triton_kernel_on_cuda():

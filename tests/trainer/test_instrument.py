@@ -152,6 +152,9 @@ class DeviceStopwatch:
 def test_the_cuda_clock_times_device_work_not_its_launch():
     device = torch.device("cuda", torch.cuda.current_device())
     collectives = Collectives(CudaEventClock(device))
+    collectives.timed(torch.cuda._sleep, 1000)  # first calls create events and load the kernel: not the launch
+    collectives.settle(OtherRank([0.0]))
+    torch.cuda.synchronize(device)
     launched = time.perf_counter()
     with DeviceStopwatch() as comm:
         collectives.timed(torch.cuda._sleep, CYCLES)  # a "collective" that returns once queued, as NCCL does

@@ -11,7 +11,7 @@ from trainer.embedding import ShardedEmbedding
 from trainer.instrument import Collectives, TimedExchange
 from trainer.overlap import OverlapScheduler
 from trainer.place import Group
-from trainer.timing import WallClock
+from trainer.timing import CudaEventClock, WallClock
 from trainer.transport import Transport, make_exchange
 from trainer.transport.torch_dist import TorchExchange
 
@@ -209,14 +209,28 @@ def test_overlap_needs_a_prefetch_exchange():
         OverlapScheduler(emb, overlap=True)
 
 
+class Alone:
+    """The host group of a world of one rank: its all-gather returns this rank's tensor."""
+
+    def all_gather(self, tensor):
+        return [tensor]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_overlap_on_cuda_single_rank():
-    emb = ShardedEmbedding(NUM_ITEMS, DIM, exchange=LoopbackExchange(), init_seed=5, lr=0.1, device="cuda")
-    plain = ShardedEmbedding(NUM_ITEMS, DIM, exchange=LoopbackExchange(), init_seed=5, lr=0.1, device="cuda")
-    steps = [[(ids.cuda(), t.cuda()) for ids, t in step] for step in make_steps(0)]
-    on = train(OverlapScheduler(emb, overlap=True, prefetch_exchange=LoopbackExchange()), steps,
-               torch.ones(DIM, device="cuda", requires_grad=True))[0]
-    off = train(OverlapScheduler(plain, overlap=False), steps, torch.ones(DIM, device="cuda", requires_grad=True))[0]
-    torch.testing.assert_close(on, off, rtol=0, atol=1e-6)
-    torch.testing.assert_close(emb.weight, plain.weight, rtol=0, atol=1e-6)
+    device = torch.device("cuda", torch.cuda.current_device())
+    steps = [[(ids.to(device), t.to(device)) for ids, t in step] for step in make_steps(0)]
+    results = {}
+    for overlap in (False, True):
+        collectives = Collectives(CudaEventClock(device))  # CUDA events on the streams that run the exchanges
+        emb = ShardedEmbedding(NUM_ITEMS, DIM, exchange=TimedExchange(LoopbackExchange(), collectives),
+                               init_seed=5, lr=0.1, device=device)
+        prefetch = TimedExchange(LoopbackExchange(), collectives) if overlap else None
+        dense = torch.ones(DIM, device=device, requires_grad=True)
+        losses, _, times, *_ = train(OverlapScheduler(emb, overlap=overlap, prefetch_exchange=prefetch), steps,
+                                     dense, collectives, Alone(), [])
+        assert len(times) == STEPS and all(t.comm_s > 0 and t.compute_s > 0 for t in times)
+        results[overlap] = (losses, emb.weight.detach().clone(), dense.detach().clone())
+    for a, b in zip(results[False], results[True]):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
