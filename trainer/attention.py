@@ -5,8 +5,8 @@ concatenated, ``offsets`` int64 ``(n + 1,)`` are the cu_seqlens (sample i owns t
 ``offsets[i]:offsets[i + 1]``). Token t attends to the tokens of its own sample at positions <= its own;
 nothing crosses a sample boundary.
 
-Three paths, one math, picked by ``AttentionImpl`` (``AUTO``: triton for HSTU on CUDA, flex for softmax on
-CUDA, grouped on the CPU):
+Three paths, one math, picked by ``AttentionImpl`` (``AUTO``: triton for HSTU on CUDA with 16-bit or tf32 inputs,
+flex for softmax on CUDA, grouped otherwise):
 
 - **triton** (HSTU only; the default on CUDA): ``trainer.hstu_triton``, a fused jagged kernel (forward and
   backward) whose programs each own one block of one sample's queries (or keys) and visit only the blocks at
@@ -40,7 +40,7 @@ Kind = Literal["hstu", "softmax"]
 class AttentionImpl(StrEnum):
     """Which path computes ``jagged_attention`` (module docstring)."""
 
-    AUTO = "auto"  # CUDA: TRITON for HSTU (GROUPED without triton), FLEX for softmax; CPU: GROUPED
+    AUTO = "auto"  # CUDA: TRITON for HSTU on tensor cores (else GROUPED), FLEX for softmax; CPU: GROUPED
     GROUPED = "grouped"  # batched matmuls over groups of similar lengths; any device, any kind
     FLEX = "flex"  # compiled flex_attention; softmax only
     TRITON = "triton"  # trainer.hstu_triton's fused kernel; HSTU only, CUDA (or the CPU under TRITON_INTERPRET=1)
@@ -248,7 +248,7 @@ def jagged_attention(
             f"jagged_attention: a sample has {int(lengths.max())} tokens, more than max_len={max_len}; "
             "truncate histories to max_len (SequenceLoader(max_seq_len=...)) or raise max_len"
         )
-    impl = resolve_impl(impl, kind, q.device)
+    impl = resolve_impl(impl, kind, q.device, q.dtype)
     if impl is AttentionImpl.TRITON:
         return _triton_module().hstu_attention(q, k, v, offsets, bias, max_len)
     if impl is AttentionImpl.FLEX:
@@ -256,15 +256,25 @@ def jagged_attention(
     return _grouped_attention(q, k, v, offsets, kind, bias, max_len)
 
 
-def resolve_impl(impl: AttentionImpl | str, kind: Kind, device: torch.device) -> AttentionImpl:
-    """The path that runs ``kind`` on ``device`` for ``impl`` (AUTO resolved); an error for a path that cannot."""
+def tensor_core_inputs(dtype: torch.dtype) -> bool:
+    """Whether matmuls of ``dtype`` inputs run on tensor cores: 16-bit floats, or float32 where torch allows tf32
+    (``torch.backends.cuda.matmul.allow_tf32``). Exact float32 in the Triton kernel runs without them, far
+    slower than cuBLAS (H200: a 4-head x 128 float32 batch of lengths <= 4096 did not finish a tile sweep in
+    60 s, where tf32 takes 7-8 ms per forward + backward; docs/benchmarks.md), so AUTO keeps that on GROUPED."""
+    sixteen_bit = dtype in (torch.bfloat16, torch.float16)
+    return sixteen_bit or (dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32)
+
+
+def resolve_impl(impl: AttentionImpl | str, kind: Kind, device: torch.device, dtype: torch.dtype) -> AttentionImpl:
+    """The path that runs ``kind`` on ``dtype`` inputs on ``device`` for ``impl`` (AUTO resolved: TRITON for HSTU
+    on CUDA where its matmuls run on tensor cores, ``tensor_core_inputs``); an error for a path that cannot."""
     impl = AttentionImpl.parse(impl) if isinstance(impl, str) else impl
     if impl is AttentionImpl.AUTO:
         if device.type != "cuda":
             return AttentionImpl.GROUPED
         if kind == "softmax":
             return AttentionImpl.FLEX
-        return AttentionImpl.TRITON if triton_available() else AttentionImpl.GROUPED
+        return AttentionImpl.TRITON if triton_available() and tensor_core_inputs(dtype) else AttentionImpl.GROUPED
     if impl is AttentionImpl.TRITON and kind != "hstu":
         raise ValueError("jagged_attention: impl=triton computes HSTU's SiLU attention only; for kind='softmax' "
                          "use impl=flex (CUDA) or impl=grouped")

@@ -389,9 +389,10 @@ def hstu_attention(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, bias: Jagge
     """Fused causal HSTU attention over a jagged batch: ``(T, H, D)`` x3 -> ``(T, H, D)`` (module docstring).
 
     ``offsets`` int64 ``(n + 1,)``; ``bias``: a ``JaggedBias`` bound to this batch, or None; ``max_len``: the
-    divisor and the longest allowed sample. Tiles default to 64 x 64 (32 x 32 for D > 128). Differentiable
-    in q, k, v and the bias tables. ``trainer.attention.jagged_attention(impl=AttentionImpl.TRITON)`` checks the
-    layout first; this function checks what only it needs.
+    divisor and the longest allowed sample. Tiles default to 64 x 64 (32 x 64 for float32; 32 x 32 for
+    D > 128). Differentiable in q, k, v and the bias tables.
+    ``trainer.attention.jagged_attention(impl=AttentionImpl.TRITON)`` checks the layout first; this function
+    checks what only it needs.
     """
     if not (q.dtype == k.dtype == v.dtype) or q.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ValueError(f"hstu_attention: q, k, v must share one of float32/bfloat16/float16, got {q.dtype}, "
@@ -403,9 +404,11 @@ def hstu_attention(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, bias: Jagge
     block_d = max(16, triton.next_power_of_2(head_dim))
     if block_d > 256:
         raise ValueError(f"hstu_attention: head dim {head_dim} > 256 is not supported; use AttentionImpl.GROUPED")
-    default = 64 if block_d <= 128 else 32
-    block_m = _power_of_two_tile("block_m", block_m or default)
-    block_n = _power_of_two_tile("block_n", block_n or default)
+    # H200 sweep, D = 128 (docs/benchmarks.md): 64 x 64 within 6% of the best bf16 tile; for float32 (tf32)
+    # 32 x 64 was best, 15% ahead of 64 x 64 forward + backward (twice the bytes per row in the same registers)
+    default_m = 32 if q.dtype == torch.float32 or block_d > 128 else 64
+    block_m = _power_of_two_tile("block_m", block_m or default_m)
+    block_n = _power_of_two_tile("block_n", block_n or (64 if block_d <= 128 else 32))
     lengths = sample_lengths(offsets)
     if lengths.numel() and int(lengths.max()) > max_len:
         raise ValueError(f"hstu_attention: a sample has {int(lengths.max())} tokens, more than max_len={max_len}")

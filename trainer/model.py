@@ -122,7 +122,7 @@ class HSTU(nn.Module):
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"HSTU: dropout={dropout} must be in [0, 1)")
         impl = AttentionImpl.parse(attention_impl) if isinstance(attention_impl, str) else attention_impl
-        resolve_impl(impl, attention, torch.device("cpu"))  # an impl that cannot compute this kind fails here
+        resolve_impl(impl, attention, torch.device("cpu"), torch.float32)  # an impl that cannot do this kind fails
         self.d_model, self.max_len, self.time_bias = d_model, max_len, time_bias
         self.positions = nn.Embedding(max_len, d_model)
         nn.init.normal_(self.positions.weight, std=0.02)

@@ -44,13 +44,26 @@ def test_compiled_kernels_refuse_cpu_tensors():
         hstu_triton.hstu_attention(q, k, v, torch.tensor([0, 3]), None, 8)
 
 
-def test_auto_picks_triton_for_hstu_on_cuda_and_grouped_elsewhere(monkeypatch):
-    cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    assert resolve_impl("auto", "hstu", cpu) is AttentionImpl.GROUPED
-    assert resolve_impl("auto", "softmax", cuda) is AttentionImpl.FLEX
-    assert resolve_impl(AttentionImpl.AUTO, "hstu", cuda) is AttentionImpl.TRITON
+def test_auto_picks_triton_for_hstu_on_cuda_tensor_cores_and_grouped_elsewhere(monkeypatch):
+    from trainer import hstu_triton
+
+    cuda, cpu, bf16, f32 = torch.device("cuda"), torch.device("cpu"), torch.bfloat16, torch.float32
+    assert resolve_impl("auto", "hstu", cpu, bf16) is AttentionImpl.GROUPED
+    assert resolve_impl("auto", "softmax", cuda, bf16) is AttentionImpl.FLEX
+    assert resolve_impl(AttentionImpl.AUTO, "hstu", cuda, bf16) is AttentionImpl.TRITON
+    assert resolve_impl(AttentionImpl.AUTO, "hstu", cuda, torch.float16) is AttentionImpl.TRITON
+    matmul, allowed = torch.backends.cuda.matmul, torch.backends.cuda.matmul.allow_tf32  # a flag monkeypatch can't set
+    try:
+        matmul.allow_tf32 = False
+        assert resolve_impl(AttentionImpl.AUTO, "hstu", cuda, f32) is AttentionImpl.GROUPED  # exact float32: cuBLAS
+        assert hstu_triton._precision(f32) == "ieee" and hstu_triton._precision(bf16) == "tf32"
+        matmul.allow_tf32 = True
+        assert resolve_impl(AttentionImpl.AUTO, "hstu", cuda, f32) is AttentionImpl.TRITON
+        assert hstu_triton._precision(f32) == "tf32"
+    finally:
+        matmul.allow_tf32 = allowed
     monkeypatch.setattr(attention_module, "triton_available", lambda: False)
-    assert resolve_impl(AttentionImpl.AUTO, "hstu", cuda) is AttentionImpl.GROUPED
+    assert resolve_impl(AttentionImpl.AUTO, "hstu", cuda, bf16) is AttentionImpl.GROUPED
     with pytest.raises(ImportError, match="pip install 'triton>=3.2'"):
         attention_module._triton_module()
 
@@ -58,11 +71,11 @@ def test_auto_picks_triton_for_hstu_on_cuda_and_grouped_elsewhere(monkeypatch):
 def test_impl_errors_name_the_fix():
     cpu = torch.device("cpu")
     with pytest.raises(ValueError, match="impl=triton computes HSTU's SiLU attention only"):
-        resolve_impl("triton", "softmax", cpu)
+        resolve_impl("triton", "softmax", cpu, torch.float32)
     with pytest.raises(ValueError, match="cannot express kind='hstu'"):
-        resolve_impl("flex", "hstu", cpu)
+        resolve_impl("flex", "hstu", cpu, torch.float32)
     with pytest.raises(ValueError, match=r"'cudnn' is not one of \['auto', 'grouped', 'flex', 'triton'\]"):
-        resolve_impl("cudnn", "hstu", cpu)
+        resolve_impl("cudnn", "hstu", cpu, torch.float32)
     from trainer.model import HSTU
 
     with pytest.raises(ValueError, match="impl=triton computes HSTU's SiLU attention only"):

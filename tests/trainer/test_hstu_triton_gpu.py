@@ -49,4 +49,4 @@ def test_kernel_matches_grouped_path_on_cuda(dtype, tol, time_bias):
 
 
 def test_auto_is_the_triton_kernel_on_cuda():
-    assert resolve_impl(AttentionImpl.AUTO, "hstu", torch.device("cuda")) is AttentionImpl.TRITON
+    assert resolve_impl(AttentionImpl.AUTO, "hstu", torch.device("cuda"), torch.bfloat16) is AttentionImpl.TRITON
