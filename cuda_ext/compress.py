@@ -197,9 +197,17 @@ def triton_codec_fits(cols: int) -> bool:
 def zero_bytes_encode(body: Tensor) -> Tensor:
     """body (n,) uint8 -> bitmap of its non-zero bytes (ceil(n / 8),) + those bytes (nnz,), concatenated."""
     nonzero = body != 0  # (n,)
-    bits = torch.nn.functional.pad(nonzero, (0, -body.numel() % 8)).reshape(-1, 8).to(torch.int32)
-    weights = torch.tensor([1 << j for j in range(8)], dtype=torch.int32, device=body.device)
-    return torch.cat([(bits * weights).sum(1).to(torch.uint8), body[nonzero]])
+    bits = torch.nn.functional.pad(nonzero, (0, -body.numel() % 8)).reshape(-1, 8).to(torch.uint8)  # (n/8, 8)
+    bitmap = bits[:, 0].clone()
+    for j in range(1, 8):  # in uint8 throughout: no widening pass over the body
+        bitmap |= bits[:, j] << j
+    return torch.cat([bitmap, body[nonzero]])
+
+
+def zero_bytes_pay(body: Tensor) -> bool:
+    """Whether zero_bytes_encode(body) is shorter than body: ceil(n / 8) + nnz < n, from one counting pass."""
+    n = body.numel()
+    return -(-n // 8) + int(torch.count_nonzero(body)) < n
 
 
 def zero_bytes_decode(blob: Tensor, n: int) -> Tensor:
@@ -273,12 +281,9 @@ def compress(x: Tensor, eb: float) -> Tensor:
         lo, step, packed, status = encode_rows_reference(x, eb, bits)
     raw = torch.nonzero(status != 0).reshape(-1)  # (n_raw,) rows stored as they are
     body = torch.cat([_as_bytes(lo), _as_bytes(step), _as_bytes(packed), _as_bytes(raw), _as_bytes(x[raw])])
-    flags = 0
-    squeezed = zero_bytes_encode(body)
-    if squeezed.numel() < body.numel():
-        flags, body_bytes, body = FLAG_ZERO_BYTES, body.numel(), squeezed
-    else:
-        body_bytes = body.numel()
+    flags, body_bytes = 0, body.numel()
+    if zero_bytes_pay(body):  # counted first: the bitmap is built only where it wins
+        flags, body = FLAG_ZERO_BYTES, zero_bytes_encode(body)
     head = HEADER.pack(MAGIC, VERSION, code, bits, flags, rows, cols, eb, raw.numel(), body_bytes)
     head = torch.tensor(list(head), dtype=torch.uint8).to(x.device)
     return torch.cat([head, _as_bytes(body)])
