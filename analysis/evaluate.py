@@ -1,7 +1,7 @@
 """Plan every global batch of an epoch with several methods and summarise the balance metrics.
 
 Pure: each step's lengths in, per-method summaries out. The steps come from the caller (the CLI
-passes the loader's own steps, ``loader.lengths.epoch_lengths``); ``freescale plan`` prints the
+passes the loader's own steps, ``loader.stages.lengths.epoch_lengths``); ``freescale plan`` prints the
 summaries, the offline report builds on the per-step values.
 
 ``naive`` stands for training without FreeScale (a ``DistributedSampler`` over the shuffled order, split
@@ -39,7 +39,7 @@ def evaluate_epoch(
     progress: Callable[[Iterable], Iterable] = iter,
 ) -> dict[str, dict]:
     """Plan every step (``steps[k]``: its sample lengths in batch order, e.g. the loader's steps from
-    ``loader.lengths.epoch_lengths``) with ``spec``'s settings and each of ``methods``.
+    ``loader.stages.lengths.epoch_lengths``) with ``spec``'s settings and each of ``methods``.
 
     ``shuffled[k]``: step k of the plain shuffled order (``EpochLengths.shuffled``), which ``naive`` plans
     instead (``method_steps``); None where the steps are not composed. Per method: per-step metric arrays

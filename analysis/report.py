@@ -1,7 +1,7 @@
 """Numbers of the offline balancing-quality report: lengths in, one JSON-able dict out.
 
 Plans every global batch of an epoch (given as each step's lengths: ``freescale report`` passes the
-loader's own steps, ``loader.lengths.epoch_lengths``) with each method and keeps, per step and method, what
+loader's own steps, ``loader.stages.lengths.epoch_lengths``) with each method and keeps, per step and method, what
 the report plots: the lockstep bubble fraction, max/mean, and the GPU-seconds lost to the lockstep bubble.
 ``naive`` plans the plain shuffled order's steps, the others the loader's composed steps
 (``analysis.evaluate.method_steps``); how far composition moved samples is summarised too.
@@ -66,7 +66,7 @@ def build_report(
     sample lengths, in batch order, planned with ``spec``'s settings and each of ``methods``.
 
     ``shuffled`` (the plain shuffled order's steps, which ``naive`` plans) and ``moved`` (per step, each
-    sample's steps moved by composition): ``loader.lengths.EpochLengths``'s; None where steps are not
+    sample's steps moved by composition): ``loader.stages.lengths.EpochLengths``'s; None where steps are not
     composed (``naive`` then plans ``steps``; nothing moved).
 
     ``seconds_per_cost`` converts cost units to seconds; ``None`` leaves the GPU-hours out (lost time is

@@ -20,8 +20,8 @@ import numpy as np
 import pyarrow as pa
 
 from analysis.workloads import DISTRIBUTIONS, sample_lengths
-from loader import layout
-from loader.schema import contract_schema, list_array
+from loader.contract import layout
+from loader.contract.schema import contract_schema, list_array
 
 DEFAULT_ITEMS = 100_000
 DEFAULT_ZIPF_S = 1.05

@@ -3,11 +3,11 @@
 bench/ingest.py times the first batch of every pass. The best pass (a loader whose readers are already up, in
 a process that has run one before) meets the 1 s target; the process's first loader does not (``cold 1st s``,
 2.3-2.7 s on the long set). This bench measures the parts of that cold start that no loader design can skip,
-on the loader's own first shuffle block (``loader.pipeline.EpochRun``: the row groups the first step's samples
+on the loader's own first shuffle block (``loader.stages.pipeline.EpochRun``: the row groups the first step's samples
 are drawn from, all of which must be decoded before it can be planned):
 
 - ``decode cold``: ``--procs`` fresh processes (default: one per CPU, as the readers), started and past their
-  imports before the clock starts, decode the block's row groups (``loader.read.read_unit``, the readers'
+  imports before the clock starts, decode the block's row groups (``loader.stages.decode.read_unit``, the readers'
   function), round-robin, side by side. Wall from the start signal to the last row group done. This is the
   floor of a cold first batch with reader processes that cost nothing to start, no planning and no gather.
 - ``decode warm``: the same row groups again in the same processes (their heaps are grown): what a warm
@@ -16,7 +16,7 @@ are drawn from, all of which must be decoded before it can be planned):
 - ``touch fresh``/``again``: one fresh process writes as many bytes as the block decodes to (``np.ones``),
   twice. On a VM that hands memory pages to the guest on first use (or takes freed pages back), the first
   write costs far more than the second: every fresh process and every heap that grows pays it.
-- ``start``: wall and CPU of a fresh Python process importing what a reader imports (``loader.reader``, Ray
+- ``start``: wall and CPU of a fresh Python process importing what a reader imports (``loader.backends.reader``, Ray
   included), a lower bound of a reader actor's start (Ray's worker start-up comes on top).
 
 Run (repository root, quiet machine, about 30 s; the dataset is bench/ingest.py's, written if missing):
@@ -49,8 +49,8 @@ TARGET_FIRST_BATCH_S = 1.0  # issue 16, point 5
 def first_block(path: str, seed: int, samples_per_step: int, shuffle_window: int | None):
     """The loader's first shuffle block of epoch 0: (the source's index, the block's row groups)."""
     from loader.config import LoaderConfig
-    from loader.pipeline import EpochRun
-    from loader.sources import index_source
+    from loader.stages.pipeline import EpochRun
+    from loader.contract.sources import index_source
 
     index = index_source(path)
     config = LoaderConfig(ranks=8, microbatches=4, samples_per_step=samples_per_step, seed=seed,
@@ -61,7 +61,7 @@ def first_block(path: str, seed: int, samples_per_step: int, shuffle_window: int
 
 
 def _decode(index, units: list[int]) -> int:
-    from loader.read import read_unit
+    from loader.stages.decode import read_unit
 
     total = 0
     for unit in units:
@@ -95,7 +95,7 @@ def decode_in_processes(index, units: list[int], procs: int) -> tuple[float, flo
 
 
 def _child(index, units: list[int], barriers, results) -> None:
-    import loader.read  # noqa: F401  (what a reader imports, before the clock)
+    import loader.stages.decode  # noqa: F401  (what a reader imports, before the clock)
 
     for round_ in range(2):
         barriers[round_].wait()
@@ -112,7 +112,7 @@ def decode_in_threads(index, units: list[int], threads: int) -> tuple[float, flo
 
 
 def _threads_child(index, units: list[int], threads: int) -> tuple[float, float]:
-    import loader.read  # noqa: F401
+    import loader.stages.decode  # noqa: F401
 
     walls = []
     for _ in range(2):
@@ -143,7 +143,7 @@ def touch_fresh(nbytes: int) -> tuple[float, float]:
 
 
 def _import_reader() -> float:
-    import loader.reader  # noqa: F401
+    import loader.backends.reader  # noqa: F401
 
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
@@ -208,7 +208,7 @@ def main(argv=None) -> dict:
     print(f"decode, {args.procs} processes: cold {cold:.2f} s, warm {warm:.2f} s")
     print(f"decode, {args.procs} threads in one process: cold {t_cold:.2f} s, warm {t_warm:.2f} s")
     print(f"write {nbytes / 2**20:.0f} MiB in a fresh process: first {fresh:.2f} s, again {again:.2f} s")
-    print(f"fresh process importing loader.reader: {start_wall:.2f} s wall, {start_cpu:.2f} CPU-s")
+    print(f"fresh process importing loader.backends.reader: {start_wall:.2f} s wall, {start_cpu:.2f} CPU-s")
     print(f"cold first-batch floor (decode cold, readers free to start, no plan or gather): {cold:.2f} s "
           f"vs target {TARGET_FIRST_BATCH_S:.1f} s: {'reachable' if cold < TARGET_FIRST_BATCH_S else 'out of reach'}")
     return emit(result, args, repo=REPO, paths=["loader", "bench/coldstart.py"], extra={"machine": machine("pyarrow")})

@@ -11,7 +11,7 @@ Its readers (``loader.control.protocol.Readers``):
   timed run, as a reader would have decoded them), a small handle, and the node it was asked to read on
   (its home): readers are not this bench's subject, and reading costs the coordinator nothing but the meta.
 - ``pack(node, pieces, handles)`` returns one small handle per rank at once (packing is the readers' work).
-- The index is a ``loader.sources.SourceIndex`` built in memory: one file name, ``units`` row groups of
+- The index is a ``loader.contract.sources.SourceIndex`` built in memory: one file name, ``units`` row groups of
   ``--rows-per-group`` rows (the last one shorter so there are exactly ``--steps`` steps), the data contract's
   list columns (item ids and timestamps int64, ratings float32: 20 bytes an event). No Parquet is written or
   decoded.
@@ -84,15 +84,15 @@ import pyarrow.fs as pafs
 
 from analysis.workloads import sample_lengths
 from freescale.provenance import emit, git_provenance, machine
-from loader.clean import UnitMeta
+from loader.stages.clean import UnitMeta
 from loader.config import LoaderConfig
-from loader.pipeline import warm_up
-from loader.schema import Columns
+from loader.stages.pipeline import warm_up
+from loader.contract.schema import Columns
 from loader.control.protocol import End, Fetched, Health, Opened, Packed, Step, Where
 from loader.control.production import MESSAGE_BYTES
 from loader.control.runs import RunKey
 from loader.control.service import Service
-from loader.sources import DataFile, SourceIndex, Unit
+from loader.contract.sources import DataFile, SourceIndex, Unit
 
 REPO = Path(__file__).resolve().parent.parent
 PATHS = ["loader", "balancer", "bench/coordinator.py"]  # the code whose provenance the result records
@@ -107,7 +107,7 @@ TICK = os.sysconf("SC_CLK_TCK")
 
 
 class Ref:
-    """Stands in for a reader's handle (``loader.reader.Held``: a Ray ObjectRef, reader index, pid)."""
+    """Stands in for a reader's handle (``loader.backends.reader.Held``: a Ray ObjectRef, reader index, pid)."""
 
     __slots__ = ("id", "reader", "pid")
 

@@ -23,7 +23,7 @@ cached under ``--data-dir`` (default ``out/bench-data/``, git-ignored) while the
 - ``short3``: 1,500,000 histories, median 15, row groups of 20,000, 3 event columns.
 - ``mem``: 320,000 histories, median 400, row groups of 40,000 (about 0.5 GB decoded each), 2 event columns: the
   peak-memory case (ours' rise of the process tree's memory against the one-thread floor's).
-- ``movielens`` (optional): the bundled ml-latest-small ratings converted with ``loader.convert.convert_events``
+- ``movielens`` (optional): the bundled ml-latest-small ratings converted with ``loader.contract.convert.convert_events``
   (610 rows, 100,836 events); five steps, so it measures start-up.
 
 Contenders, in this order per dataset, all in this process, Ray started once (``--num-cpus`` CPUs, local). G =
@@ -47,6 +47,8 @@ each batch into the same jagged torch tensors (user ids, and per list column val
    ``loader.SequenceLoader`` cannot be imported.
 5. ``ours_dl``: the same loader, each rank through PyTorch's ``DataLoader(loader.torch.RankDataset(loader, rank=r),
    batch_size=None)`` (issue 18: what a trainer using a DataLoader pays over ``iter_rank``).
+   ``ours_inline``: the same loader with ``backend="inline"`` (the same control plane, reader threads in this
+   process instead of reader actors): what the Ray shells cost on one node.
 6. ``spdl``: SPDL 0.8's pipeline (``PipelineBuilder``): the row groups read with ``concurrency=2`` (threads), each
    split into G-row batches and turned into the tensors, ``build(num_threads=2)``. It does not balance.
 7. ``named2``, ``named8``: P = 2 or 8 trainer processes as torchrun starts them (``bench/ingest_rank.py``, started
@@ -133,7 +135,7 @@ SIGMA, FILES = 1.2, 4
 DATASETS = (*SHAPES, "movielens")
 MOVIELENS_G = 128  # 610 rows: 5 steps
 PROCS = (2, 8)  # trainer processes of the named-loader cases (named2, named8) and their anchors (split2, split8)
-CONTENDERS = ("floor", "spdl", "raydata", "raysplit", "ours", "ours_s3", "ours_dl",
+CONTENDERS = ("floor", "spdl", "raydata", "raysplit", "ours", "ours_s3", "ours_dl", "ours_inline",
               *(f"{kind}{p}" for p in PROCS for kind in ("named", "split")))
 ANCHORS = ("raydata", "raysplit")
 TARGET_ROWS_VS_ANCHOR, TARGET_CPU_VS_ANCHOR, TARGET_FIRST_BATCH_S = 1.0, 0.8, 1.0  # issue 16
@@ -656,16 +658,18 @@ def ours_available() -> tuple[bool, str]:
     return True, ""
 
 
-def run_ours(ds: dict, cols: list[str], cfg: dict, clock: dict, *, dataloader: bool = False, s3: bool = False) -> dict:
+def run_ours(ds: dict, cols: list[str], cfg: dict, clock: dict, *, dataloader: bool = False, s3: bool = False,
+             backend: str = "ray") -> dict:
     """SequenceLoader on the running Ray, every rank drained by its own thread; ``teardown`` closes it.
     ``dataloader``: each rank through ``DataLoader(RankDataset(loader, rank=r), batch_size=None)``; ``s3``: the
-    dataset's copy on the bench's loopback S3 server (:class:`S3Store`)."""
+    dataset's copy on the bench's loopback S3 server (:class:`S3Store`); ``backend``: ``inline`` runs the same
+    control plane with reader threads in this process."""
     from loader import SequenceLoader
 
     R = cfg["R"]
-    kwargs = dict(ranks=R, microbatches=cfg["M"], samples_per_step=cfg["G"], backend="ray", seed=cfg["seed"])
+    kwargs = dict(ranks=R, microbatches=cfg["M"], samples_per_step=cfg["G"], backend=backend, seed=cfg["seed"])
     if cfg["columns"] == "items":
-        from loader.schema import Columns
+        from loader.contract.schema import Columns
 
         kwargs["columns"] = Columns(timestamps=None)
     fields: dict = {}
@@ -787,6 +791,7 @@ def planner_ms_per_step(stats, steps: int) -> float | None:
 
 RUNNERS = {"floor": run_floor, "spdl": run_spdl, "raydata": run_raydata, "raysplit": run_raysplit, "ours": run_ours,
            "ours_dl": functools.partial(run_ours, dataloader=True), "ours_s3": functools.partial(run_ours, s3=True),
+           "ours_inline": functools.partial(run_ours, backend="inline"),
            **{f"{kind}{p}": functools.partial(run, procs=p) for p in PROCS
               for kind, run in (("named", run_named), ("split", run_split))}}
 

@@ -29,7 +29,7 @@ def synth(args: argparse.Namespace) -> int:
 
 
 def convert(args: argparse.Namespace) -> int:
-    from loader.convert import convert_events
+    from loader.contract.convert import convert_events
 
     s = convert_events(
         args.src,

@@ -7,7 +7,7 @@ epoch (report.html and report.json, ``--report-out``) and print its verdict; the
 ``loader.SequenceLoader`` on a local Ray (reader actors, coordinator, per-rank queues) and report
 what every rank received and the balance of the delivered plan. While it streams, the progress bar shows a
 live status: rows per second and the slowest rank (the one with the most messages waiting in its queue,
-``loader.stats.slowest_rank``), how long it waited for its messages and how full its queue is.
+``loader.stages.stats.slowest_rank``), how long it waited for its messages and how full its queue is.
 
 The verdict says the lockstep bubble of ``naive`` and ``balanced`` per step, as a share of the epoch's GPU time,
 and in GPU-hours lost per million histories; and how far composition moved samples. Its GPU-hours use a
@@ -33,7 +33,7 @@ from freescale.planning import composition_text, evaluate_args, format_table, lo
 def run(args: argparse.Namespace) -> int:
     from analysis.costfile import load_cost_model
     from loader.config import LoaderConfig
-    from loader.lengths import epoch_lengths
+    from loader.stages.lengths import epoch_lengths
     from loader.sample_data import convert_movielens
 
     with tempfile.TemporaryDirectory(prefix="freescale-demo-") as tmp:
@@ -106,7 +106,7 @@ STATUS_EVERY_S = 1.0
 def status(stats: dict, prefetch_steps: int) -> str:
     """One line of the loader's ``stats()``: rows per second and the slowest rank, with how long it waited
     for its messages and how many of its ``prefetch_steps`` queue places hold one."""
-    from loader.stats import slowest_rank
+    from loader.stages.stats import slowest_rank
 
     slowest = slowest_rank(stats["ranks"])
     rank = stats["ranks"][slowest]

@@ -1,6 +1,6 @@
 """``freescale plan``: balance metrics of every planner over the loader's steps of one epoch of a dataset.
 
-The steps are the loader's own (``loader.lengths.epoch_lengths`` runs its stages on the data): a
+The steps are the loader's own (``loader.stages.lengths.epoch_lengths`` runs its stages on the data): a
 ``SequenceLoader`` built with the same arguments (ranks, microbatches, samples per step, seed, shuffle,
 shuffle window, max_seq_len, drop_last, composition) cuts the same batches, skips the same rows and
 truncates the same histories, and composes the same steps across windows of ``--compose-window`` steps
@@ -38,7 +38,7 @@ def bar(desc: str, unit: str):
 
 
 def evaluate_args(epoch, spec: BatchSpec, args: argparse.Namespace) -> dict[str, dict]:
-    """``evaluate_epoch`` of ``epoch``'s steps (``loader.lengths.EpochLengths``: ``naive`` plans its shuffled
+    """``evaluate_epoch`` of ``epoch``'s steps (``loader.stages.lengths.EpochLengths``: ``naive`` plans its shuffled
     order's) with ``spec`` and every planner of ``--methods``, with a progress bar."""
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     return evaluate_epoch(epoch.steps, spec, methods, shuffled=epoch.shuffled, progress=bar("planning steps", "step"))
@@ -88,7 +88,7 @@ def describe(data, epoch, args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from loader.config import LoaderConfig
-    from loader.lengths import epoch_lengths
+    from loader.stages.lengths import epoch_lengths
 
     cost_model = load_cost_model(args.cost_model) if args.cost_model else None
     config = LoaderConfig(backend="inline", **loader_arguments(args, cost_model))

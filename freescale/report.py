@@ -1,6 +1,6 @@
 """``freescale report``: an offline balancing-quality report of a dataset, as report.html and report.json.
 
-The steps are the loader's own: the dataset is read through the loader's stages (``loader.lengths``:
+The steps are the loader's own: the dataset is read through the loader's stages (``loader.stages.lengths``:
 its epoch order, shuffle window, skipped rows, truncation to --max-seq-len, --drop-last, and steps composed
 across windows of --compose-window steps unless --no-compose), so a ``SequenceLoader`` built with the same
 arguments delivers exactly these batches. Every step is planned with ``balanced`` and each reference planner
@@ -36,12 +36,12 @@ def make_report(data, config, *, methods, seconds_per_cost: float | None = None,
 
     ``config`` is a ``loader.config.LoaderConfig`` (its backend and planner are not used); every step is
     planned with each of ``methods``. ``dataset.skipped`` counts the rows skipped per reason, as the
-    loader's ``stats()["rows_skipped"]`` does. ``epoch`` (``loader.lengths.epoch_lengths`` of ``data`` and
+    loader's ``stats()["rows_skipped"]`` does. ``epoch`` (``loader.stages.lengths.epoch_lengths`` of ``data`` and
     ``config``) and ``evaluated`` (``evaluate_epoch`` of its steps): what the caller has already read and planned.
     """
     from analysis.report import build_report
     from freescale.planning import bar
-    from loader.lengths import epoch_lengths
+    from loader.stages.lengths import epoch_lengths
 
     def quiet(items, total=None):
         return items

@@ -1,7 +1,7 @@
 """loader package: the data contract, dataset tools, and ``SequenceLoader`` (docs/loader.md).
 
 ``SequenceLoader`` and ``Microbatch`` are imported on first use, so the dataset tools
-(``loader.schema``, ``loader.convert``, ...) do not pay for torch.
+(``loader.contract.schema``, ``loader.contract.convert``, ...) do not pay for torch.
 """
 
 __all__ = ["Microbatch", "SequenceLoader"]

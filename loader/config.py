@@ -9,12 +9,12 @@ from typing import Literal
 
 import numpy as np
 
-from loader.schema import Columns
-from loader.sources import SourceIndex
+from loader.contract.schema import Columns
+from loader.contract.sources import SourceIndex
 from loader.spec import BatchSpec, positive
 
 BACKENDS = ("ray", "inline")
-# Rows per shuffle block (see loader.order) at least: two blocks of the bench's 300-event histories are ~0.4 GB.
+# Rows per shuffle block (see loader.stages.order) at least: two blocks of the bench's 300-event histories are ~0.4 GB.
 # With declared nodes, by default at least a row group per node (``LoaderConfig.block_rows``).
 DEFAULT_SHUFFLE_WINDOW = 16_384
 # Seconds a rank's coordinator, peer node or readers may stay silent before every surviving rank raises the
@@ -61,7 +61,7 @@ class LoaderConfig(BatchSpec):
                 raise ValueError(f"{key} must be True or False, got {getattr(self, key)!r}")
         if self.columns is not None and not isinstance(self.columns, Columns):
             raise ValueError(
-                f"columns must be a loader.schema.Columns or None, got {type(self.columns).__name__}"
+                f"columns must be a loader.contract.schema.Columns or None, got {type(self.columns).__name__}"
             )
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {self.backend!r}")

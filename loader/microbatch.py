@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from loader.assemble import RankMessage
-from loader.rows import gather
+from loader.stages.assemble import RankMessage
+from loader.stages.rows import gather
 
 
 @dataclass(slots=True)
@@ -75,7 +75,7 @@ class MessageSteps(Sequence):
     buffers, are made when the step is asked for. Made all at once, the views of a 256-step message
     (K x M microbatches, each with 5 tensors) outlived Python's young GC generations, so every
     message set off a full collection of the trainer process: 15% of its CPU on short histories.
-    Made per step, they die young. ``message.sources`` must be :class:`loader.rows.Rows` by now
+    Made per step, they die young. ``message.sources`` must be :class:`loader.stages.rows.Rows` by now
     (the Ray client fetches them).
     """
 

@@ -5,17 +5,18 @@ See docs/loader.md for the semantics (order, steps, state, faults, backends).
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator, Mapping
 
 import torch
 
 from loader.config import LoaderConfig, fingerprint
-from loader.inline import InlineClient
+from loader.backends.inline import InlineClient
 from loader.microbatch import MessageSteps, Microbatch
-from loader.pipeline import Resume
-from loader.sources import index_source
-from loader.state import make_state, read_state
+from loader.stages.pipeline import Resume
+from loader.contract.sources import index_source
+from loader.stages.state import make_state, read_state
 
 
 # One thread of a process builds messages into tensors at a time: ranks drained by threads otherwise pass
@@ -47,9 +48,11 @@ class SequenceLoader:
         self.index = index_source(source, columns=self.config.contract, skip_corrupt=self.config.skip_corrupt)
         self.fingerprint = fingerprint(self.index, self.config)
         if self.config.backend == "ray":
-            from loader.ray_backend import RayClient  # Ray is imported only when used
+            from loader.backends.ray_backend import RayClient  # Ray is imported only when used
 
-            self._client = RayClient(self.index, self.config, self.fingerprint)
+            # torchrun's process count, read here at the public face (nothing below reads the environment)
+            processes = int(os.environ.get("WORLD_SIZE", 1))
+            self._client = RayClient(self.index, self.config, self.fingerprint, processes=processes)
         else:
             self._client = InlineClient(self.index, self.config)
         self._lock = threading.Lock()

@@ -134,11 +134,19 @@ def test_no_import_cycle_between_packages():
     assert find_cycle(edges) is None, f"import cycle between packages: {' -> '.join(find_cycle(edges))}"
 
 
-# loader/'s houses (issue 27): the pure stages import neither Ray nor torch nor asyncio; the control plane
-# (loader/control/) imports neither Ray nor torch; Ray is imported only by its shells
-LOADER_STAGES = ("assemble", "clean", "config", "convert", "kernels", "lengths", "nodes", "order", "pipeline", "read",
-                 "rows", "schema", "sources", "spec", "state", "stats", "errors")
-RAY_SHELLS = ("loader/ray_backend.py", "loader/reader.py", "loader/metrics.py", "loader/ray_train.py")
+# loader/'s houses (issue 27): the data contract (loader/contract/) and the pure stages (loader/stages/) import
+# neither Ray nor torch nor asyncio, nor any other house of the loader but the contract; the control plane
+# (loader/control/) imports neither Ray nor torch; Ray is imported only by its shells (loader/backends/) and the
+# Ray Train adapter; the top-level modules are the public face (SequenceLoader, its options, errors, adapters)
+PLAIN_TOP = ("loader/config.py", "loader/spec.py", "loader/errors.py")  # options and errors: no Ray, no torch
+RAY_SHELLS = ("loader/backends/ray_backend.py", "loader/backends/reader.py", "loader/backends/telemetry.py",
+              "loader/ray_train.py")
+
+
+def _house(name: str) -> list[str]:
+    files = [f for f in GRAPH["loader"] if f.startswith(f"loader/{name}/")]
+    assert len(files) >= 4, f"loader/{name}/ holds {files}"
+    return files
 
 
 def _loader_imports(files: list[str], forbidden: tuple[str, ...]) -> list[str]:
@@ -146,10 +154,29 @@ def _loader_imports(files: list[str], forbidden: tuple[str, ...]) -> list[str]:
                   if name.split(".")[0] in forbidden)
 
 
-def test_the_loaders_stages_import_neither_ray_nor_torch_nor_asyncio():
-    files = [f"loader/{stage}.py" for stage in LOADER_STAGES]
-    assert set(files) <= set(GRAPH["loader"]), "a stage module moved: update LOADER_STAGES"
+def test_the_contract_and_the_stages_import_neither_ray_nor_torch_nor_asyncio():
+    files = _house("contract") + _house("stages") + list(PLAIN_TOP)
     assert _loader_imports(files, ("ray", "torch", "asyncio")) == []
+
+
+def test_the_contract_and_the_stages_import_no_house_above_them():
+    above = ("loader.control", "loader.backends", "loader.sequence", "loader.microbatch", "loader.torch",
+             "loader.ray_train", "loader.device", "loader.inline")
+    files = _house("contract") + _house("stages")
+    found = sorted(f"{file}: {name}" for file in files for name in GRAPH["loader"][file]
+                   if any(name == a or name.startswith(a + ".") for a in above))
+    assert found == []
+    contract = sorted(f"{file}: {name}" for file in _house("contract") for name in GRAPH["loader"][file]
+                      if name.startswith("loader.stages"))
+    assert contract == [], "the data contract is below the stages"
+
+
+def test_every_loader_module_lives_in_a_house():
+    houses = ("contract", "stages", "control", "backends", "sample_data")
+    top = sorted(f for f in GRAPH["loader"] if f.count("/") == 1)
+    assert top == sorted(["loader/__init__.py", *PLAIN_TOP, "loader/sequence.py", "loader/microbatch.py",
+                          "loader/torch.py", "loader/ray_train.py", "loader/device.py"])
+    assert all(f.split("/")[1] in houses for f in GRAPH["loader"] if f.count("/") == 2)
 
 
 def test_the_control_plane_imports_no_ray_and_no_torch():
@@ -161,3 +188,14 @@ def test_the_control_plane_imports_no_ray_and_no_torch():
 def test_only_the_ray_shells_import_ray():
     users = sorted(f for f, names in GRAPH["loader"].items() if any(n.split(".")[0] == "ray" for n in names))
     assert users == sorted(RAY_SHELLS)
+
+
+def test_no_environment_read_below_the_public_face():
+    """Only the CLI and loader's public face (SequenceLoader, the adapters) read the environment: what the
+    houses below do is a function of their arguments."""
+    below = [ROOT / f for house in ("contract", "stages", "control", "backends") for f in _house(house)]
+    reads = sorted(f"{path.relative_to(ROOT)}: {node.attr if isinstance(node, ast.Attribute) else node.id}"
+                   for path in below for node in ast.walk(ast.parse(path.read_text()))
+                   if (isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv"))
+                   or (isinstance(node, ast.Name) and node.id in ("environ", "getenv")))
+    assert reads == []

@@ -21,9 +21,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from loader import layout
-from loader.schema import Columns, contract_schema, list_array
-from loader.sources import index_source
+from loader.contract import layout
+from loader.contract.schema import Columns, contract_schema, list_array
+from loader.contract.sources import index_source
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Production: a run's steps read, planned, grouped into messages and queued for every rank.
 
 :func:`produce` reads each block's units on the readers of their home nodes (up to ``readahead``
-units ahead), plans the block's steps (:class:`loader.pipeline.EpochRun`, in a worker thread, a few
+units ahead), plans the block's steps (:class:`loader.stages.pipeline.EpochRun`, in a worker thread, a few
 steps at a time: 1, 2, 4, ... so the first step goes out as soon as it is planned), and groups
 consecutive steps into messages of about ``message_bytes`` of events per rank (:class:`Messages`:
 the first message one step, then doubling). :func:`deliver` queues each group's messages in order
@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from loader.assemble import rank_messages
+from loader.stages.assemble import rank_messages
 from loader.config import LoaderConfig
 from loader.control.protocol import End, Step
 from loader.control.routing import Sources
 from loader.control.runs import Run
-from loader.nodes import NodeLayout
-from loader.pipeline import EpochRun, PlannedStep, Resume
+from loader.stages.nodes import NodeLayout
+from loader.stages.pipeline import EpochRun, PlannedStep, Resume
 
 if TYPE_CHECKING:
     from loader.control.service import Service

@@ -22,8 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, Union
 
-from loader.assemble import RankMessage
-from loader.clean import UnitMeta
+from loader.stages.assemble import RankMessage
+from loader.stages.clean import UnitMeta
 
 
 @dataclass(frozen=True)

@@ -2,9 +2,9 @@
 
 :class:`Sources` keeps the handles of the units that later steps still read (a handle names the node
 holding the unit's decoded rows) and turns planned messages into messages of handles: each rank reads
-the units of its own node in place (:func:`loader.assemble.route`), and the readers of every other node
+the units of its own node in place (:func:`loader.stages.assemble.route`), and the readers of every other node
 pack that rank's rows there into one piece (``Readers.pack``; every rank's route at once,
-:func:`loader.assemble.route_ranks`), so each event crosses the network at
+:func:`loader.stages.assemble.route_ranks`), so each event crosses the network at
 most once. When a holder died meanwhile (``Lost``), the lost units are read again (``Readers.renew``)
 and the messages routed anew: reads are pure, so nothing is lost or repeated.
 """
@@ -15,7 +15,7 @@ import asyncio
 
 import numpy as np
 
-from loader.assemble import RankMessage, route_ranks
+from loader.stages.assemble import RankMessage, route_ranks
 from loader.control.protocol import Fetched, Lost, Readers
 
 PACK_ATTEMPTS = 3  # a pack whose rows were lost is retried from fresh reads this often

@@ -14,9 +14,9 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from loader.assemble import RankMessage
+from loader.stages.assemble import RankMessage
 from loader.control.protocol import End, Failed, Where
-from loader.stats import Stats
+from loader.stages.stats import Stats
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,9 @@
 No Ray here: the Ray coordinator actor (and the inline backend) is a thin shell that passes in its
 :class:`loader.control.protocol.Readers` (read a unit, pack rows on a node, renew lost units, tell
 whether the ranks' processes and nodes live), and tests drive this class directly. It is a control
-plane: it receives each row group's statuses and lengths (:class:`loader.clean.UnitMeta`) and a
+plane: it receives each row group's statuses and lengths (:class:`loader.stages.clean.UnitMeta`) and a
 *handle* to its decoded rows, which stay where they were read; it plans, and hands each rank a
-:class:`loader.assemble.RankMessage` of handles and indices. It never reads event data.
+:class:`loader.stages.assemble.RankMessage` of handles and indices. It never reads event data.
 
 A *run* (:mod:`loader.control.runs`) is one pass over an epoch from a resume point, keyed by
 :class:`RunKey`. Ranks join it with :meth:`Service.open`, telling where they run (a node key, and a
@@ -39,8 +39,8 @@ from loader.control.liveness import bury, watch
 from loader.control.production import MESSAGE_BYTES, produce
 from loader.control.protocol import End, Opened, Readers, Reply, Step, Wait, Where
 from loader.control.runs import Run, RunKey
-from loader.sources import SourceIndex
-from loader.stats import Stats
+from loader.contract.sources import SourceIndex
+from loader.stages.stats import Stats
 
 class Service:
     """Serves per-rank messages of one loader; see the module docstring.

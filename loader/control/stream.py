@@ -2,11 +2,11 @@
 
 - :class:`ControlCalls`: the calls a trainer process makes (open, next, repair, leave, ...), each
   returning a pending reply; ``submit`` says how a call travels: a Ray actor call
-  (:class:`loader.ray_backend.ActorControl`), or a coroutine on this process's control-plane event
+  (:class:`loader.backends.ray_backend.ActorControl`), or a coroutine on this process's control-plane event
   loop (:class:`LoopCalls`, :func:`control_loop`).
 - :class:`Stream`: the messages of one run for some ranks, one request per rank kept in flight
   ahead of the consumer; every reply is a :data:`loader.control.protocol.Reply`. The Ray backend adds
-  mapping a message's objects and bounding every wait (:class:`loader.ray_backend.RayStream`).
+  mapping a message's objects and bounding every wait (:class:`loader.backends.ray_backend.RayStream`).
 
 No Ray here.
 """
@@ -20,7 +20,7 @@ import threading
 import time
 import warnings
 
-from loader.assemble import RankMessage
+from loader.stages.assemble import RankMessage
 from loader.control.protocol import Failed, Reply, Step, Wait, Where
 from loader.control.runs import RunKey
 

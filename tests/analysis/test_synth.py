@@ -5,7 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from analysis.workloads import sample_lengths
-from loader.schema import validate_schema
+from loader.contract.schema import validate_schema
 from analysis.synth import _alias_table, _ZipfSampler, uniforms, write_synthetic
 
 USERS = 5000

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from loader.read import read_unit
+from loader.stages.decode import read_unit
 from tests.loader.helpers import synth
 from tests.bench import load
 

@@ -2,11 +2,11 @@
 
 A real two-node Ray cluster (two network namespaces joined by a veth, tests/deploy/netns.py), one trainer process
 per node iterating one rank of a named loader (tests/deploy/fault_rank.py), rank 0's process creating the
-coordinator on the head node. A few seconds into the epoch the test cuts the link for 20 s, cuts it for good, or
-SIGKILLs the worker node's raylet. Every rank whose process survives must end within 90 s of the fault with a
+coordinator on the head node. A few seconds into the epoch the test cuts the link for 20 s, for 3 s (a short flap,
+under the liveness timeout), for good, or SIGKILLs the worker node's raylet. Every rank whose process survives must end within 90 s of the fault with a
 ``loader.errors.LoaderError`` that names what was lost and says to restart the group from the last state, or
 finish the epoch; where every rank finishes, every history is delivered exactly once. The liveness timeout is
-10 s here (default 30 s) so the three cases take about a minute each.
+10 s here (default 30 s) so the four cases take about a minute each.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from tests.loader.helpers import synth
 LIVENESS_S = 10.0
 PAUSE_S = 0.05  # per microbatch: 6,000 histories in 300 steps, an epoch of about 15 s per rank
 FAULT_AFTER_S = 3.0  # after both ranks took their first microbatch
-FLAP_S = 20.0
+FLAPS_S = {"link down 20 s": 20.0, "link down 3 s": 3.0}  # a flap longer, and one shorter, than LIVENESS_S
 BOUND_S = 90.0
 
 
@@ -89,7 +89,7 @@ def data(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("fault", ["link down 20 s", "link down for good", "worker raylet killed"])
+@pytest.mark.parametrize("fault", ["link down 20 s", "link down 3 s", "link down for good", "worker raylet killed"])
 def test_a_lost_node_ends_every_surviving_rank_with_a_named_error(data, fault):
     why = netns_refused()
     if why:
@@ -109,12 +109,12 @@ def test_a_lost_node_ends_every_surviving_rank_with_a_named_error(data, fault):
                 os.kill(_raylet(cluster, 1), signal.SIGKILL)
             else:
                 cluster.ip("netns", "exec", cluster.ns[0], "ip", "link", "set", cluster.veth[0], "down")
-            if fault == "link down 20 s":
-                up = threading.Timer(FLAP_S, cluster.ip, ("netns", "exec", cluster.ns[0], "ip", "link", "set",
+            if fault in FLAPS_S:
+                up = threading.Timer(FLAPS_S[fault], cluster.ip, ("netns", "exec", cluster.ns[0], "ip", "link", "set",
                                                           cluster.veth[0], "up"))
                 up.start()
             ends = [rank.wait("users", faulted + BOUND_S) for rank in ranks]
-            if fault == "link down 20 s":
+            if fault in FLAPS_S:
                 up.cancel()  # every rank has ended (or the bound passed): the link need not come back
         finally:
             for rank in ranks:
@@ -131,6 +131,6 @@ def test_a_lost_node_ends_every_surviving_rank_with_a_named_error(data, fault):
     if all(end is not None and end["error"] is None for end in ends):  # the epoch completed: exactly once
         assert sorted(u for end in ends for u in end["users"]) == users
     else:
-        assert fault == "link down 20 s" or ends[0]["error"] is not None, "rank 0 cannot finish without its peer"
+        assert fault in FLAPS_S or ends[0]["error"] is not None, "rank 0 cannot finish without its peer"
     for end in ends:  # shown with -s
         print(fault, None if end is None else (round(end["at"] - faulted, 1), end["error"], end.get("text")))

@@ -8,7 +8,7 @@ import pytest
 
 from freescale.cli import main
 from loader.config import LoaderConfig
-from loader.lengths import epoch_lengths
+from loader.stages.lengths import epoch_lengths
 from analysis.synth import write_synthetic
 
 

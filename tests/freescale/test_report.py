@@ -15,7 +15,7 @@ from analysis.costfile import save_cost_model
 from balancer import CostModel, DEFAULT_COST_MODEL, plan
 from freescale.cli import main
 from loader.config import LoaderConfig
-from loader.lengths import epoch_lengths
+from loader.stages.lengths import epoch_lengths
 from analysis.synth import write_synthetic
 
 R, M, G = 4, 2, 128

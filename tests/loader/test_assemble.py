@@ -4,9 +4,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loader.assemble import rank_messages, route_ranks
-from loader.pipeline import PlannedStep
-from loader.stats import Counts
+from loader.stages.assemble import rank_messages, route_ranks
+from loader.stages.pipeline import PlannedStep
+from loader.stages.stats import Counts
 
 ROLES = ({"item_ids": np.dtype("int64")}, "item_ids", None)
 

@@ -4,7 +4,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loader.clean import REASONS, VALID, ListColumn, clean, corrupt
+from loader.stages.clean import REASONS, VALID, ListColumn, clean, corrupt
 
 # A row: (user null?, items or None, timestamps or None); items may contain None (a null event).
 row = st.tuples(

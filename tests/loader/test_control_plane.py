@@ -1,5 +1,5 @@
 """The control plane's behaviour on both backends: the inline backend drives the same Service as the Ray one,
-with readers on threads of this process (loader.inline.ThreadReaders), so queues, backpressure and one pass
+with readers on threads of this process (loader.backends.inline.ThreadReaders), so queues, backpressure and one pass
 per epoch for every rank hold on both."""
 
 import threading
@@ -8,7 +8,7 @@ import time
 import pytest
 
 from loader import SequenceLoader
-from loader import inline as inline_backend
+from loader.backends import inline as inline_backend
 
 from .helpers import by_threads, collect, histories, record, source_histories, synth
 

@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from freescale.cli import main
-from loader.convert import convert_events
+from loader.contract.convert import convert_events
 from loader.sample_data import MOVIELENS_COLUMNS, movielens_ratings_path
-from loader.schema import validate_schema
+from loader.contract.schema import validate_schema
 
 ML = movielens_ratings_path()
 

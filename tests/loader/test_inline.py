@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from balancer import CostModel
 from loader import SequenceLoader
-from loader.schema import Columns
+from loader.contract.schema import Columns
 
 from .helpers import (assert_resume_equal, check_layout, collect, corrupt_row_group, histories, messy, record,
                       source_histories, synth)
@@ -158,7 +158,7 @@ def test_bad_arguments_name_the_value(data):
         (dict(seed=-1), r"seed must be an integer in \[0, 2\*\*63\), got -1"),
         (dict(shuffle="yes"), r"shuffle must be True or False, got 'yes'"),
         (dict(max_seq_len=64, max_tokens=32), r"max_seq_len=64 exceeds max_tokens=32"),
-        (dict(columns={"user": "u"}), r"columns must be a loader.schema.Columns or None, got dict"),
+        (dict(columns={"user": "u"}), r"columns must be a loader.contract.schema.Columns or None, got dict"),
         (dict(cost_model="L^2"), r"cost_model must be a balancer.CostModel or None, got str"),
         (dict(prefetch_steps=0), r"prefetch_steps must be a positive integer, got 0"),
         (dict(name=""), r"name must be a non-empty string or None, got ''"),

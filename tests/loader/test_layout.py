@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loader import layout
+from loader.contract import layout
 
 
 @given(

@@ -1,17 +1,17 @@
 """The Ray readers' liveness checks without a cluster: a node whose readers stay silent for the liveness
 timeout, or that Ray declares dead, is lost; a reader that answers again clears its node; a read that waits
-longer than the timeout names its node (loader.ray_backend.RayReaders, with stand-in reader handles)."""
+longer than the timeout names its node (loader.backends.ray_backend.RayReaders, with stand-in reader handles)."""
 
 import asyncio
 
 import pytest
 
-from loader import ray_backend
+from loader.backends import ray_backend
 from loader.config import LoaderConfig
 from loader.errors import NodeLost
 from loader.control.protocol import Where
-from loader.ray_backend import RayReaders
-from loader.sources import index_source
+from loader.backends.ray_backend import RayReaders
+from loader.contract.sources import index_source
 
 from .helpers import synth
 

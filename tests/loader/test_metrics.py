@@ -10,8 +10,8 @@ import pytest
 import ray
 
 from loader import SequenceLoader
-from loader.metrics import METRICS
-from loader.stats import Rate, slowest_rank
+from loader.backends.telemetry import METRICS
+from loader.stages.stats import Rate, slowest_rank
 
 from tests.local_ray import local_ray
 from .helpers import by_threads, messy

@@ -4,7 +4,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loader.order import cut_batches, cut_blocks, epoch_order
+from loader.stages.order import cut_batches, cut_blocks, epoch_order
 
 unit_sizes = st.lists(st.integers(0, 30), min_size=1, max_size=12)
 

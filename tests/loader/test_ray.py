@@ -12,11 +12,11 @@ import ray
 from ray.exceptions import ActorUnavailableError
 
 from loader import SequenceLoader
-from loader import ray_backend
+from loader.backends import ray_backend
 from loader.errors import RankLost
 from loader.control.protocol import Step
-from loader.ray_backend import NAMESPACE, coordinator_name
-from loader.reader import shutdown_readers
+from loader.backends.ray_backend import NAMESPACE, coordinator_name
+from loader.backends.reader import shutdown_readers
 from analysis.synth import write_synthetic
 
 from .helpers import (ROOT, assert_resume_equal, by_threads, check_layout, collect, corrupt_row_group, histories,

@@ -13,7 +13,7 @@ import ray
 from ray.train import Checkpoint, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
-from loader.ray_backend import NAMESPACE, coordinator_name
+from loader.backends.ray_backend import NAMESPACE, coordinator_name
 from loader.ray_train import LoaderShards
 
 from .helpers import source_histories, synth

@@ -4,8 +4,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loader.kernels import copy_ranges, copy_ranges_ref
-from loader.rows import Rows, gather
+from loader.stages.kernels import copy_ranges, copy_ranges_ref
+from loader.stages.rows import Rows, gather
 
 
 @given(st.lists(st.tuples(st.integers(0, 150), st.integers(0, 100)), max_size=20), st.sampled_from(["int64", "float32"]))

@@ -10,8 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from loader import SequenceLoader
-from loader.read import RowGroupBytes, decode_unit, fetch_unit, read_unit
-from loader.sources import index_source
+from loader.stages.decode import RowGroupBytes, decode_unit, fetch_unit, read_unit
+from loader.contract.sources import index_source
 
 from .helpers import assert_resume_equal, by_threads, collect, histories, source_histories, synth
 

@@ -2,7 +2,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from loader.schema import Columns, contract_schema, list_array, type_name, validate_schema
+from loader.contract.schema import Columns, contract_schema, list_array, type_name, validate_schema
 
 PATH = "data/part-0.parquet"
 

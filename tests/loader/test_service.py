@@ -7,17 +7,17 @@ import weakref
 
 import pytest
 
-from loader.assemble import pack
+from loader.stages.assemble import pack
 from loader.config import LoaderConfig
 from loader.errors import NodeLost, RankLost
-from loader.inline import InlineClient
+from loader.backends.inline import InlineClient
 from loader.microbatch import MessageSteps
-from loader.pipeline import Resume
-from loader.read import read_unit
+from loader.stages.pipeline import Resume
+from loader.stages.decode import read_unit
 from loader.control.protocol import End, Failed, Fetched, Health, Opened, Packed, Step, Wait, Where
 from loader.control.runs import RunKey
 from loader.control.service import Service
-from loader.sources import index_source
+from loader.contract.sources import index_source
 
 from .helpers import record, synth
 

@@ -4,8 +4,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from loader.schema import Columns
-from loader.sources import index_source, resolve
+from loader.contract.schema import Columns
+from loader.contract.sources import index_source, resolve
 
 from .helpers import synth
 
@@ -97,7 +97,7 @@ def test_corrupt_file_is_named_or_skipped_and_counted(tmp_path):
 
 
 def test_units_carry_the_decoded_size_of_their_carried_columns_and_bound_the_read_ahead(tmp_path, monkeypatch):
-    from loader import read
+    from loader.stages import decode
 
     table = _table(6, timestamps=[[5, 6]] * 6, notes=["x" * 500] * 6)  # notes: not a list column, not carried
     path = _write(tmp_path / "a.parquet", table, row_group_size=3)
@@ -110,8 +110,8 @@ def test_units_carry_the_decoded_size_of_their_carried_columns_and_bound_the_rea
         assert unit.nbytes == sum(c.total_uncompressed_size for c in carried) > 0
         assert index.only(index.units.index(unit)).units[0].nbytes == unit.nbytes
     largest = max(u.nbytes for u in index.units)
-    assert read.readahead_units(index, 2) == 4  # small row groups: two per reader
+    assert decode.readahead_units(index, 2) == 4  # small row groups: two per reader
     monkeypatch.setattr(read, "READ_AHEAD_BYTES", 3 * largest)
-    assert read.readahead_units(index, 2) == 3
+    assert decode.readahead_units(index, 2) == 3
     monkeypatch.setattr(read, "READ_AHEAD_BYTES", largest // 2)
-    assert read.readahead_units(index, 2) == 1  # at least one
+    assert decode.readahead_units(index, 2) == 1  # at least one

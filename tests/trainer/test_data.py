@@ -4,7 +4,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from loader.schema import contract_schema
+from loader.contract.schema import contract_schema
 from trainer.data import Split, read_histories, write_split
 from trainer.evaluate import read_heldout
 

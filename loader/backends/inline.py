@@ -18,14 +18,14 @@ import functools
 import os
 from concurrent.futures import ThreadPoolExecutor
 
-from loader.assemble import pack
+from loader.stages.assemble import pack
 from loader.config import LoaderConfig
-from loader.pipeline import Resume, warm_up
+from loader.stages.pipeline import Resume, warm_up
 from loader.control.protocol import Fetched, Health, Packed, Where
-from loader.read import read_unit
+from loader.stages.decode import read_unit
 from loader.control.runs import RunKey
 from loader.control.service import Service
-from loader.sources import SourceIndex
+from loader.contract.sources import SourceIndex
 from loader.control.stream import LoopCalls, Stream, control_loop
 
 HERE = Where(node="this process")  # where every rank runs and every row group is held

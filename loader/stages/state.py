@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from loader.pipeline import Resume
+from loader.stages.pipeline import Resume
 
 VERSION = 1
 KEYS = ("version", "seed", "epoch", "step", "cursor", "fingerprint")

@@ -2,7 +2,7 @@
 
 A :class:`RankMessage` carries K consecutive steps of one rank (several steps per message, so the
 fixed cost of a message is paid once for K steps). It names every row of the rank's K steps, in
-delivery order, as (source, row): ``sources`` are decoded row groups (:class:`loader.rows.Rows`)
+delivery order, as (source, row): ``sources`` are decoded row groups (:class:`loader.stages.rows.Rows`)
 on the rank's own node, read in place, and *pieces*: the rank's rows held on another node, packed
 there into one object per (node, rank) so each event crosses the network at most once, only to
 the node that trains on it (:func:`route_ranks`, :func:`pack`). No event data is copied here, and no
@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from loader.rows import Rows, gather
+from loader.stages.rows import Rows, gather
 
 if TYPE_CHECKING:  # readers import this module: keep the planner out of their imports
-    from loader.pipeline import PlannedStep
+    from loader.stages.pipeline import PlannedStep
 
 
 @dataclass

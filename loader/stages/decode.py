@@ -1,14 +1,14 @@
-"""Read one row group (a :class:`loader.sources.Unit`) into a cleaned :class:`loader.clean.Chunk`.
+"""Read one row group (a :class:`loader.contract.sources.Unit`) into a cleaned :class:`loader.stages.clean.Chunk`.
 
 The one reading function both backends call: in-process for ``backend="inline"``, inside reader
 actors for ``backend="ray"``. Only the carried columns are decoded; ids and timestamps are cast to
 int64 (losslessly, as the schema check promised), features keep the first file's value type.
 
 Reading is two steps, so that the bytes of one row group can be fetched while another decodes
-(a reader's read-ahead, :mod:`loader.reader`): :func:`fetch_unit` reads the byte range of the row
+(a reader's read-ahead, :mod:`loader.backends.reader`): :func:`fetch_unit` reads the byte range of the row
 group's carried column chunks in one ranged read (one request to object storage), and
 :func:`decode_unit` decodes it from memory. File footers are read once per process and file
-(:meth:`loader.sources.DataFile.footer`), not once per row group.
+(:meth:`loader.contract.sources.DataFile.footer`), not once per row group.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from loader.clean import Chunk, ListColumn, clean, corrupt
-from loader.sources import SourceIndex
+from loader.stages.clean import Chunk, ListColumn, clean, corrupt
+from loader.contract.sources import SourceIndex
 
 # What pyarrow raises for pages that do not decode (bad compression, garbled encodings, short reads).
 _DECODE_ERRORS = (pa.ArrowException, OSError)

@@ -20,12 +20,12 @@ import ray
 from ray.exceptions import ObjectLostError, RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from loader.assemble import pack
-from loader.clean import UnitMeta
-from loader.metrics import record_read
+from loader.stages.assemble import pack
+from loader.stages.clean import UnitMeta
+from loader.backends.telemetry import record_read
 from loader.control.protocol import Lost
-from loader.read import decode_unit, fetch_unit
-from loader.sources import SourceIndex
+from loader.stages.decode import decode_unit, fetch_unit
+from loader.contract.sources import SourceIndex
 
 READER_RESTARTS = 8  # per reader actor; a reader that keeps dying points at a real problem
 READ_AHEAD = 1  # row groups a reader fetches while it decodes another

@@ -10,11 +10,11 @@ Both backends drive an :class:`EpochRun` the same way; only who reads the row gr
 
 :meth:`EpochRun.batches` and :meth:`EpochRun.last_batch` yield the same steps cut but not planned
 (:class:`Batch`, of which :class:`PlannedStep` is the planned kind), for whoever plans them
-otherwise (``freescale report``: ``loader.lengths``).
+otherwise (``freescale report``: ``loader.stages.lengths``).
 
-The run sees row statuses and lengths only (:class:`loader.clean.UnitMeta`), never events: a
+The run sees row statuses and lengths only (:class:`loader.stages.clean.UnitMeta`), never events: a
 planned step names its samples as (unit, valid row of that unit), and whoever holds the decoded
-row groups builds each rank's tensors from those indices (:mod:`loader.assemble`).
+row groups builds each rank's tensors from those indices (:mod:`loader.stages.assemble`).
 
 A step's membership is decided by the order of *valid* rows, so it never depends on timing: the
 rows of a block are visited in epoch order, invalid ones are counted under their reason, and a
@@ -41,12 +41,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-from loader.clean import DROP_LAST, REASONS, VALID, UnitMeta
+from loader.stages.clean import DROP_LAST, REASONS, VALID, UnitMeta
 from loader.config import LoaderConfig
-from loader.nodes import NodeLayout
-from loader.order import cut_batches, epoch_order
-from loader.sources import SourceIndex
-from loader.stats import Counts
+from loader.stages.nodes import NodeLayout
+from loader.stages.order import cut_batches, epoch_order
+from loader.contract.sources import SourceIndex
+from loader.stages.stats import Counts
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,7 @@ class PlannedStep(Batch):
 class EpochRun:
     """The steps of epoch ``epoch`` from ``start`` on; see the module docstring.
 
-    ``layout`` (trainer ranks' nodes) gives each unit a home node (:func:`loader.nodes.assign_homes`,
+    ``layout`` (trainer ranks' nodes) gives each unit a home node (:func:`loader.stages.nodes.assign_homes`,
     per block) and, with ``config.locality``, makes the plans locality-aware: the planner keeps
     samples on their home node wherever balance allows. Samples planned away from home are counted
     either way (:attr:`PlannedStep.crossing`), so plans with and without locality compare. None, or

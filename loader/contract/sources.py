@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from loader.schema import Columns, type_name, validate_schema
+from loader.contract.schema import Columns, type_name, validate_schema
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
 _WILDCARDS = "*?["

@@ -1,9 +1,9 @@
 """The loader's steps as lengths: what ``freescale report`` and ``freescale plan`` plan.
 
 Runs the loader's own stages in-process, without Ray and without planning: the source index
-(:func:`loader.sources.index_source`), every row group decoded, validated and truncated by
-:func:`loader.read.read_unit` (read on a thread pool a block ahead, :func:`read_blocks`),
-and the epoch order cut into global batches by :class:`loader.pipeline.EpochRun`. A
+(:func:`loader.contract.sources.index_source`), every row group decoded, validated and truncated by
+:func:`loader.stages.decode.read_unit` (read on a thread pool a block ahead, :func:`read_blocks`),
+and the epoch order cut into global batches by :class:`loader.stages.pipeline.EpochRun`. A
 ``SequenceLoader`` built with the same source and arguments plans exactly these batches, sample for
 sample in the same batch order: same seed, shuffle, shuffle window, ``max_seq_len``, ``drop_last``,
 composition (``compose``, ``compose_window``).
@@ -23,12 +23,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from loader.clean import Chunk
+from loader.stages.clean import Chunk
 from loader.config import LoaderConfig
-from loader.pipeline import EpochRun
-from loader.read import read_unit
-from loader.sources import SourceIndex, index_source
-from loader.stats import Counts
+from loader.stages.pipeline import EpochRun
+from loader.stages.decode import read_unit
+from loader.contract.sources import SourceIndex, index_source
+from loader.stages.stats import Counts
 
 
 @dataclass

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from loader.kernels import copy_ranges
+from loader.stages.kernels import copy_ranges
 
 @dataclass
 class Rows:

@@ -5,7 +5,7 @@ every step boundary ``rows_read == rows_delivered + sum(rows_skipped)``. Rows of
 whose footer cannot be read are unknown: such files are counted in ``files_skipped`` instead.
 Beside the counts: rows delivered per second over a recent window (:class:`Rate`) and, per rank,
 its queue depth, the seconds its iterator waited for messages and the bytes it mapped for them.
-These figures are what :mod:`loader.metrics` publishes as Ray metrics.
+These figures are what :mod:`loader.backends.telemetry` publishes as Ray metrics.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ class Stats:
         self._seen: dict[int, set] = {}
 
     def record(self, planned) -> None:
-        """Add one :class:`loader.pipeline.PlannedStep`'s counts, planner time and plan quality."""
+        """Add one :class:`loader.stages.pipeline.PlannedStep`'s counts, planner time and plan quality."""
         if not self._first(planned.epoch, planned.step):
             return
         self.counts.add(planned.counts)

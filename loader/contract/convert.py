@@ -22,8 +22,8 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from loader import layout
-from loader.schema import Columns, contract_schema, is_int64_castable, list_array, type_name
+from loader.contract import layout
+from loader.contract.schema import Columns, contract_schema, is_int64_castable, list_array, type_name
 
 CSV_SUFFIXES = (".csv", ".csv.gz", ".csv.bz2", ".csv.zst")
 PARQUET_SUFFIXES = (".parquet", ".pq")

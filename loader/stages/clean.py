@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from loader.kernels import copy_ranges
-from loader.rows import Rows
+from loader.stages.kernels import copy_ranges
+from loader.stages.rows import Rows
 
 VALID = 0
 # status code -> reason; code 0 is a valid row

@@ -1,6 +1,6 @@
 """``backend="ray"``: reader actors and a control plane, thin shells over the pure stages and the control plane.
 
-- :class:`loader.reader.Reader` actors (default one per available CPU, pinned round-robin to the
+- :class:`loader.backends.reader.Reader` actors (default one per available CPU, pinned round-robin to the
   nodes that have CPUs; restartable) decode, validate and truncate row groups into their node's
   object store and return only statuses, lengths and the object's ref; on request they pack the
   rows of their node that ranks on other nodes train on, one object per (node, rank).
@@ -18,7 +18,7 @@
     rank fails the run at once); the last to ``close()`` kills it and its readers.
   - An unnamed loader is private to this process, so its control plane runs here, on the control
     loop thread (:class:`LocalControl`): no coordinator process to start, no actor call per
-    message. Its readers stay warm for this process's next loader (:func:`loader.reader.take_readers`).
+    message. Its readers stay warm for this process's next loader (:func:`loader.backends.reader.take_readers`).
 - :class:`RayClient` is what a :class:`loader.SequenceLoader` holds in each trainer process;
   :class:`RayStream` maps a message's objects (zero-copy for row groups of its own node; a piece
   packed on another node crosses the network once). After decoding, an event is written once into
@@ -29,7 +29,7 @@ Ray's exceptions end here: where the loader knows what was lost they become its 
 (:mod:`loader.errors`: a silent or dead coordinator, a lost node, readers that keep dying).
 
 The control plane publishes the loader's stats as Ray metrics and readers count what they decode
-(:mod:`loader.metrics`); a trainer process tells the control plane, with each request, how long
+(:mod:`loader.backends.telemetry`); a trainer process tells the control plane, with each request, how long
 its rank waited for the previous message and how many bytes it mapped for it.
 
 The coordinator and readers are owned by the process that created them: that process must outlive
@@ -50,17 +50,17 @@ from ray.exceptions import (ActorUnavailableError, GetTimeoutError, ObjectLostEr
                             WorkerCrashedError)
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from loader.assemble import RankMessage
+from loader.stages.assemble import RankMessage
 from loader.config import LoaderConfig
 from loader.errors import CoordinatorLost, NodeLost, ReadersLost
-from loader.metrics import PUBLISH_S, Publisher, loader_tag
-from loader.pipeline import Resume, warm_up
+from loader.backends.telemetry import PUBLISH_S, Publisher, loader_tag
+from loader.stages.pipeline import Resume, warm_up
 from loader.control.protocol import End, Fetched, Health, Lost, Opened, Packed, Reply, Step, Wait, Where
-from loader.read import readahead_units
-from loader.reader import Held, give_back, take_readers
+from loader.stages.decode import readahead_units
+from loader.backends.reader import Held, give_back, take_readers
 from loader.control.runs import RunKey
 from loader.control.service import Service
-from loader.sources import SourceIndex
+from loader.contract.sources import SourceIndex
 from loader.control.stream import POLL_S, ControlCalls, LoopCalls, Stream, control_loop
 
 NAMESPACE = "freescale"
@@ -368,21 +368,20 @@ class LocalControl(LoopCalls, RayCalls):
         super().__init__(asyncio.run_coroutine_threadsafe(make(), control_loop()).result())
 
 
-def connect(address: str | None, *, name: str | None = None) -> None:
+def connect(address: str | None, *, name: str | None = None, processes: int = 1) -> None:
     """Join the running Ray of this process, or ``ray.init`` (no address: start or join a local Ray).
 
-    A named loader in one of several processes torchrun started (``WORLD_SIZE`` > 1) joins a running
-    Ray only: a private local Ray per process would leave each rank alone with its own coordinator.
+    A named loader shared by ``processes`` > 1 trainer processes (torchrun's, as the caller read them) joins a
+    running Ray only: a private local Ray per process would leave each rank alone with its own coordinator.
     """
     if ray.is_initialized():
         return
-    world = int(os.environ.get("WORLD_SIZE", 1))
-    if address is None and name is not None and world > 1:
+    if address is None and name is not None and processes > 1:
         try:
             ray.init(address="auto")
         except ConnectionError:
             raise RuntimeError(
-                f"the loader named {name!r} is shared by the {world} trainer processes torchrun started, "
+                f"the loader named {name!r} is shared by the {processes} trainer processes torchrun started, "
                 "through one Ray, and none runs: start it first (`ray start --head`, or set RAY_ADDRESS to "
                 "a cluster), or pass backend='inline' (every process then reads the whole epoch itself)"
             ) from None
@@ -401,8 +400,8 @@ class RayClient:
     about it end here, as :class:`loader.errors.CoordinatorLost`.
     """
 
-    def __init__(self, index: SourceIndex, config: LoaderConfig, fingerprint: int) -> None:
-        connect(config.ray_address, name=config.name)
+    def __init__(self, index: SourceIndex, config: LoaderConfig, fingerprint: int, *, processes: int = 1) -> None:
+        connect(config.ray_address, name=config.name, processes=processes)
         self.config = config
         shape = (fingerprint, config.locality, config.ranks_per_node)
         count = config.num_readers or max(1, int(ray.available_resources().get("CPU", 1)))
