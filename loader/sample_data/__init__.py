@@ -16,8 +16,8 @@ MOVIELENS_COLUMNS = {"user_col": "userId", "item_col": "movieId", "time_col": "t
 def convert_movielens(out, *, ratings: bool = True, **kwargs) -> dict:
     """The bundled ratings as per-user histories in the data contract at ``out`` (replacing an earlier
     conversion there); ``ratings``: carry each rating as a per-event feature. ``kwargs`` go to
-    :func:`loader.convert.convert_events`; returns its summary."""
-    from loader.convert import convert_events
+    :func:`loader.contract.convert.convert_events`; returns its summary."""
+    from loader.contract.convert import convert_events
 
     return convert_events(movielens_ratings_path(), out, **MOVIELENS_COLUMNS,
                           feature_cols=("rating",) if ratings else (), overwrite=True, **kwargs)
