@@ -10,7 +10,9 @@ Three parts, one run, one device:
 
 1. **Cost model.** ``--fit-microbatches`` random microbatches (1-16 samples, lognormal lengths, median 300,
    sigma 1.2, capped at ``--max-len``) each run forward + backward through the HSTU model (``trainer.model``,
-   sampled-softmax loss over an item table); the median of ``--repeats`` timed runs after a warm-up is its time.
+   sampled-softmax loss over an item table; float32, or under ``--autocast bfloat16``; ``--attention-impl``
+   picks its attention path, AUTO by default: the Triton kernel where its matmuls run on tensor cores); the
+   median of ``--repeats`` timed runs after a warm-up is its time.
    ``CostModel.fit(lengths per microbatch, seconds)`` gives the model and its R² (target >= 0.95).
 2. **Measured bubbles.** For R in ``--ranks`` (8, 16, 64 virtual ranks) x M microbatches: one global batch of
    heavy-tailed lengths (``--per-bin`` samples per bin on average, capped at ``--max-len``), planned by
@@ -53,6 +55,7 @@ class Workload:
     def __init__(self, args, device: torch.device) -> None:
         torch.manual_seed(0)
         self.device, self.repeats = device, args.repeats
+        self.autocast = None if args.autocast == "off" else getattr(torch, args.autocast)  # mixed precision
         self.model = HSTU(args.d_model, args.layers, args.heads, max_len=args.max_len,
                           attention_impl=args.attention_impl).to(device)
         self.table = torch.nn.Parameter(torch.randn(args.items, args.d_model, device=device) * 0.02)
@@ -60,6 +63,10 @@ class Workload:
         self.items = args.items
 
     def run(self, lengths: np.ndarray) -> None:
+        with torch.autocast(self.device.type, dtype=self.autocast, enabled=self.autocast is not None):
+            self._run(lengths)
+
+    def _run(self, lengths: np.ndarray) -> None:
         offsets = torch.zeros(len(lengths) + 1, dtype=torch.int64)
         offsets[1:] = torch.as_tensor(np.cumsum(lengths))
         offsets = offsets.to(self.device)
@@ -195,6 +202,8 @@ def main(argv=None) -> dict:
                     help="part 3's attention kind")
     ap.add_argument("--attention-impl", choices=[i.value for i in AttentionImpl], default=AttentionImpl.AUTO.value,
                     help="the HSTU model's attention path in parts 1-2 (auto: the Triton kernel on CUDA)")
+    ap.add_argument("--autocast", choices=("off", "bfloat16"), default="off",
+                    help="parts 1-2 under torch.autocast: bfloat16 matmuls, and AUTO then picks the Triton kernel")
     ap.add_argument("--attention-samples", type=int, default=64)
     ap.add_argument("--fit-microbatches", type=int, default=60)
     ap.add_argument("--repeats", type=int, default=3)

@@ -111,7 +111,7 @@ def test_units_carry_the_decoded_size_of_their_carried_columns_and_bound_the_rea
         assert index.only(index.units.index(unit)).units[0].nbytes == unit.nbytes
     largest = max(u.nbytes for u in index.units)
     assert decode.readahead_units(index, 2) == 4  # small row groups: two per reader
-    monkeypatch.setattr(read, "READ_AHEAD_BYTES", 3 * largest)
+    monkeypatch.setattr(decode, "READ_AHEAD_BYTES", 3 * largest)
     assert decode.readahead_units(index, 2) == 3
-    monkeypatch.setattr(read, "READ_AHEAD_BYTES", largest // 2)
+    monkeypatch.setattr(decode, "READ_AHEAD_BYTES", largest // 2)
     assert decode.readahead_units(index, 2) == 1  # at least one
