@@ -669,7 +669,10 @@ def run_ours(ds: dict, cols: list[str], cfg: dict, clock: dict, *, dataloader: b
     R = cfg["R"]
     kwargs = dict(ranks=R, microbatches=cfg["M"], samples_per_step=cfg["G"], backend=backend, seed=cfg["seed"])
     if cfg["columns"] == "items":
-        from loader.contract.schema import Columns
+        try:
+            from loader.contract.schema import Columns
+        except ImportError:  # a loader from before issue 27's houses on PYTHONPATH (before/after runs)
+            from loader.schema import Columns
 
         kwargs["columns"] = Columns(timestamps=None)
     fields: dict = {}
