@@ -14,6 +14,7 @@ from loader.contract.sources import SourceIndex
 from loader.spec import BatchSpec, positive
 
 BACKENDS = ("ray", "inline")
+READERS = ("auto", "actors", "threads")
 # Rows per shuffle block (see loader.stages.order) at least: two blocks of the bench's 300-event histories are ~0.4 GB.
 # With declared nodes, by default at least a row group per node (``LoaderConfig.block_rows``).
 DEFAULT_SHUFFLE_WINDOW = 16_384
@@ -33,6 +34,7 @@ class LoaderConfig(BatchSpec):
     drop_last: bool = False
     backend: Literal["ray", "inline"] = "ray"
     num_readers: int | None = None
+    readers: Literal["auto", "actors", "threads"] = "auto"
     columns: Columns | None = None
     name: str | None = None
     ray_address: str | None = None
@@ -65,6 +67,16 @@ class LoaderConfig(BatchSpec):
             )
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {self.backend!r}")
+        if self.readers not in READERS:
+            raise ValueError(f"readers must be one of {', '.join(map(repr, READERS))}, got {self.readers!r}")
+        if self.readers == "threads" and self.name is not None:
+            raise ValueError(
+                f"readers='threads' with name={self.name!r}: a named loader serves several trainer processes "
+                "through Ray's object store, so its readers are actors; pass readers='auto' or drop the name"
+            )
+        if self.readers == "actors" and self.backend == "inline":
+            raise ValueError("readers='actors' needs backend='ray' (the inline backend reads on threads of this "
+                             "process); pass backend='ray' or readers='auto'")
         for key in ("name", "ray_address"):
             value = getattr(self, key)
             if value is not None and (not isinstance(value, str) or not value):
@@ -120,7 +132,7 @@ def fingerprint(index: SourceIndex, config: LoaderConfig) -> int:
     decisive = {
         key: value
         for key, value in asdict(config).items()
-        if key not in ("seed", "backend", "num_readers", "name", "ray_address", "prefetch_steps", "pin_memory",
+        if key not in ("seed", "backend", "num_readers", "readers", "name", "ray_address", "prefetch_steps", "pin_memory",
                        "locality", "ranks_per_node", "liveness_timeout")
     }
     model = config.cost_model

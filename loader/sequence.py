@@ -48,11 +48,11 @@ class SequenceLoader:
         self.index = index_source(source, columns=self.config.contract, skip_corrupt=self.config.skip_corrupt)
         self.fingerprint = fingerprint(self.index, self.config)
         if self.config.backend == "ray":
-            from loader.backends.ray_backend import RayClient  # Ray is imported only when used
+            from loader.backends.ray_backend import make_client  # Ray is imported only when used
 
             # torchrun's process count, read here at the public face (nothing below reads the environment)
             processes = int(os.environ.get("WORLD_SIZE", 1))
-            self._client = RayClient(self.index, self.config, self.fingerprint, processes=processes)
+            self._client = make_client(self.index, self.config, self.fingerprint, processes=processes)
         else:
             self._client = InlineClient(self.index, self.config)
         self._lock = threading.Lock()
@@ -152,11 +152,12 @@ class SequenceLoader:
         return self._client.stats()
 
     def reader_nodes(self) -> list[str]:
-        """Ray node id of each reader actor (``backend="ray"`` only)."""
+        """Ray node id of each reader actor (``backend="ray"`` with reader actors only: ``readers="actors"``, or
+        ``"auto"`` on a Ray of several nodes, or a named loader)."""
         return self._ray_client().reader_nodes()
 
     def reader_handles(self) -> list:
-        """The reader actor handles (``backend="ray"`` only; for fault-injection tests)."""
+        """The reader actor handles (as :meth:`reader_nodes`; for fault-injection tests)."""
         return self._ray_client().reader_handles()
 
     def _ray_client(self):

@@ -56,6 +56,7 @@ class ThreadReaders:
 
 class InlineClient:
     def __init__(self, index: SourceIndex, config: LoaderConfig) -> None:
+        self.config = config
         workers = config.num_readers or os.cpu_count() or 1
         self.pool = ThreadPoolExecutor(max_workers=workers)
         readers = ThreadReaders(index, config, self.pool)

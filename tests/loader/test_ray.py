@@ -40,7 +40,7 @@ def test_exactly_once_and_identical_to_inline(ray_address, data, ranks, microbat
                                               per_node):
     kwargs = dict(ranks=ranks, microbatches=microbatches, samples_per_step=samples_per_step, shuffle_window=window,
                   max_seq_len=30, seed=3, num_readers=2, ranks_per_node=per_node)
-    with SequenceLoader(data, backend="ray", **kwargs) as loader:
+    with SequenceLoader(data, backend="ray", readers="actors", **kwargs) as loader:
         per_rank = by_threads(loader, ranks)
         stats = loader.stats()
     assert len({len(r) for r in per_rank}) == 1  # equal step counts on every rank
@@ -69,7 +69,7 @@ def test_composed_steps_are_exactly_once_identical_on_both_backends_and_shorter(
     # two trainer nodes of two ranks: each composed step is planned locality-aware
     kwargs = dict(ranks=4, microbatches=2, samples_per_step=40, compose_window=4, seed=2, num_readers=2,
                   ranks_per_node=2)
-    with SequenceLoader(heavy, backend="ray", **kwargs) as loader:
+    with SequenceLoader(heavy, backend="ray", readers="actors", **kwargs) as loader:
         per_rank = by_threads(loader, 4)
         stats = loader.stats()
     steps = _steps(per_rank, 2)
@@ -88,7 +88,7 @@ def test_composed_steps_are_exactly_once_identical_on_both_backends_and_shorter(
 
 def test_resume_inside_a_composition_window_in_a_new_process(ray_address, heavy):
     kwargs = dict(ranks=4, microbatches=2, samples_per_step=40, compose_window=4, seed=2, num_readers=2,
-                  backend="ray", ray_address=ray_address)
+                  backend="ray", readers="actors", ray_address=ray_address)
     assert_resume_equal(heavy, kwargs, stop_after=5, spawn=True)  # step 5 lies inside the second window
 
 
@@ -114,7 +114,7 @@ def test_named_coordinator_is_shared_by_trainer_processes(ray_address, data):
 
 def test_killed_readers_restart_without_loss_or_repeat(ray_address, data):
     kwargs = dict(ranks=2, microbatches=2, samples_per_step=12, shuffle_window=25, num_readers=2, seed=9)
-    with SequenceLoader(data, backend="ray", **kwargs) as loader:
+    with SequenceLoader(data, backend="ray", readers="actors", **kwargs) as loader:
         steps = loader.iter_steps()
         taken = [[[record(mb) for mb in rank] for rank in next(steps)]]
         readers = loader.reader_handles()
@@ -140,7 +140,8 @@ def _when_served(call, timeout: float = 60.0):
 
 
 def test_readers_stay_warm_for_the_next_loader_and_a_dead_one_is_replaced(ray_address, data):
-    kwargs = dict(ranks=2, microbatches=2, samples_per_step=30, shuffle_window=45, num_readers=2, seed=4, backend="ray")
+    kwargs = dict(ranks=2, microbatches=2, samples_per_step=30, shuffle_window=45, num_readers=2, seed=4, backend="ray",
+                  readers="actors")
     with SequenceLoader(data, **kwargs) as first:
         taken = collect(first)
         pids = sorted(ray.get([r.pid.remote() for r in first.reader_handles()]))
@@ -161,7 +162,7 @@ def test_readers_stay_warm_for_the_next_loader_and_a_dead_one_is_replaced(ray_ad
 
 def test_resume_across_processes(ray_address, data):
     kwargs = dict(ranks=3, microbatches=2, samples_per_step=23, shuffle_window=45, seed=7, num_readers=2,
-                  backend="ray", ray_address=ray_address)
+                  backend="ray", readers="actors", ray_address=ray_address)
     assert_resume_equal(data, kwargs, stop_after=4, spawn=True)
 
 
@@ -169,7 +170,8 @@ def test_corrupt_row_group_through_the_readers(ray_address, tmp_path):
     path = synth(tmp_path / "d", users=90, files=2, rows_per_group=15)
     broken = path / "part-00000.parquet"
     corrupt_row_group(broken, 2)
-    with SequenceLoader(path, ranks=2, microbatches=1, samples_per_step=20, num_readers=2, backend="ray") as loader:
+    with SequenceLoader(path, ranks=2, microbatches=1, samples_per_step=20, num_readers=2, backend="ray",
+                        readers="actors") as loader:
         with pytest.raises(ValueError, match=rf"{broken} \(row group 2\): cannot be decoded .*skip_corrupt=True"):
             collect(loader)
 
@@ -178,7 +180,7 @@ def test_a_rank_nobody_iterates_is_reported(ray_address, data, monkeypatch):
     monkeypatch.setattr(ray_backend, "_POLL_S", 0.2)
     monkeypatch.setattr("loader.control.stream.WARN_AFTER_S", 1.0)
     with SequenceLoader(data, ranks=2, microbatches=1, samples_per_step=10, prefetch_steps=1, num_readers=1,
-                        backend="ray") as loader:
+                        backend="ray", readers="actors") as loader:
         steps = loader.iter_rank(0)  # the plan waits for every rank to attach (their nodes shape it)
         with warnings.catch_warnings():
             warnings.simplefilter("error", RuntimeWarning)
@@ -233,7 +235,7 @@ def test_a_reply_lost_in_transit_is_asked_for_again(ray_address, data, monkeypat
     # Regression: a rank whose call failed in transit stopped taking its queued steps, and every other
     # rank waited for it forever (the bench's 8 threads stalled at step 52 of the 1M set).
     _fail_reply(monkeypatch, ActorUnavailableError("injected: the reply was lost", None))
-    with SequenceLoader(data, backend="ray", **KWARGS) as loader:
+    with SequenceLoader(data, backend="ray", readers="actors", **KWARGS) as loader:
         per_rank, errors, finished = _drain(loader, 3)
     assert finished and not errors
     with SequenceLoader(data, backend="inline", **KWARGS) as inline:
@@ -242,7 +244,7 @@ def test_a_reply_lost_in_transit_is_asked_for_again(ray_address, data, monkeypat
 
 def test_a_rank_that_fails_does_not_hold_the_others(ray_address, data, monkeypatch):
     failed = _fail_reply(monkeypatch, RuntimeError("injected failure"))
-    with SequenceLoader(data, backend="ray", **KWARGS) as loader:
+    with SequenceLoader(data, backend="ray", readers="actors", **KWARGS) as loader:
         per_rank, errors, finished = _drain(loader, 3)
     assert finished and list(errors) == [1] and "injected failure" in str(errors[1])
     with SequenceLoader(data, backend="inline", **KWARGS) as inline:
@@ -268,7 +270,8 @@ def test_a_rank_maps_its_rows_before_asking_for_the_next_step(ray_address, data,
 
     monkeypatch.setattr(ray, "get", get)
     monkeypatch.setattr(ray_backend.RayStream, "_request", request)
-    with SequenceLoader(data, ranks=1, microbatches=2, samples_per_step=40, num_readers=2, backend="ray") as loader:
+    with SequenceLoader(data, ranks=1, microbatches=2, samples_per_step=40, num_readers=2, backend="ray",
+                        readers="actors") as loader:
         assert sum(1 for _ in loader.iter_rank(0)) == 2 * 5
     asks = [i for i, e in enumerate(events) if e != "map" and e[1] > 0 and events[i - 1] != e]  # repeats: "wait"
     # messages of 1, 2, then 2 (the rest) steps: asked for steps 1, 3 and 5 (the end), each after mapping
@@ -339,3 +342,31 @@ def _object_store_kib(pid: int) -> int:
                 kib += int(fields[1])
     return kib
 
+
+
+def test_an_unnamed_loader_on_a_one_node_ray_reads_on_threads_here(ray_address, data):
+    """readers="auto": this Ray's only node with CPUs is this process's, so the loader reads on threads here
+    (no reader actors, no object store), with the same batches as with actors; readers="threads" says so."""
+    kwargs = dict(ranks=2, microbatches=2, samples_per_step=30, shuffle_window=45, seed=4, num_readers=2)
+    with SequenceLoader(data, backend="ray", **kwargs) as threads:
+        assert isinstance(threads._client, ray_backend.ThreadClient)
+        with pytest.raises(ValueError, match="reads on threads of this process .*pass readers='actors'"):
+            threads.reader_handles()
+        got = by_threads(threads, 2)
+        stats = threads.stats()
+    with SequenceLoader(data, backend="ray", readers="actors", **kwargs) as actors:
+        assert isinstance(actors._client, ray_backend.RayClient) and len(actors.reader_handles()) == 2
+        assert by_threads(actors, 2) == got
+    assert stats["rows_read"] == stats["rows_delivered"] == 200
+    assert [r["bytes_fetched"] for r in stats["ranks"]] == [0, 0]  # nothing mapped from the object store
+    with SequenceLoader(data, backend="ray", readers="threads", **kwargs) as forced:
+        assert isinstance(forced._client, ray_backend.ThreadClient)
+
+
+def test_readers_option_errors_name_the_fix(data):
+    with pytest.raises(ValueError, match="a named loader serves several trainer processes"):
+        SequenceLoader(data, ranks=1, microbatches=1, samples_per_step=10, readers="threads", name="x")
+    with pytest.raises(ValueError, match="readers='actors' needs backend='ray'"):
+        SequenceLoader(data, ranks=1, microbatches=1, samples_per_step=10, readers="actors", backend="inline")
+    with pytest.raises(ValueError, match="readers must be one of 'auto', 'actors', 'threads'"):
+        SequenceLoader(data, ranks=1, microbatches=1, samples_per_step=10, readers="processes")
