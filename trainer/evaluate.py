@@ -2,7 +2,7 @@
 
 Evaluation reads the held-out set (`trainer.data`: the training histories whole, item ids as table rows)
 through ``loader.SequenceLoader`` and ranks every item for each history's last event
-(``trainer.metrics.evaluate_last_out``: HR@10, NDCG@10), next to the most-popular-items baseline ranked by
+(``trainer.ranking.evaluate_last_out``: HR@10, NDCG@10), next to the most-popular-items baseline ranked by
 the training split's counts (every event but each history's last).
 """
 
@@ -14,7 +14,7 @@ from torch import Tensor
 from loader import SequenceLoader
 from trainer.data import Split
 from trainer.embedding import ShardedEmbedding
-from trainer.metrics import evaluate_last_out, most_popular_hr_ndcg
+from trainer.ranking import evaluate_last_out, most_popular_hr_ndcg
 from trainer.model import HSTU
 from trainer.place import Group
 

@@ -2,7 +2,7 @@
 
 Position t of a sample predicts the sample's item at t + 1; the last position of each sample has no
 target. Scores are cosine similarities (hidden states and item vectors L2-normalised) divided by a
-temperature, as HSTU's retrieval setup; ``trainer.metrics`` ranks items with the same ``cosine_scores``.
+temperature, as HSTU's retrieval setup; ``trainer.ranking`` ranks items with the same ``cosine_scores``.
 
 The loss is the SUM of per-target cross-entropies divided by ``normalizer``, the number of targets of
 the whole step (all ranks, all microbatches: an all-reduce of ``num_targets`` done by the caller). Each

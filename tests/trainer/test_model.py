@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from trainer.loss import num_targets, sampled_softmax_loss
-from trainer.metrics import evaluate_last_out, most_popular_hr_ndcg
+from trainer.ranking import evaluate_last_out, most_popular_hr_ndcg
 from trainer.model import HSTU
 
 

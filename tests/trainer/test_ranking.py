@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from trainer.metrics import evaluate_last_out, hr_ndcg, most_popular_hr_ndcg, ranks_of
+from trainer.ranking import evaluate_last_out, hr_ndcg, most_popular_hr_ndcg, ranks_of
 from trainer.model import HSTU
 
 
