@@ -68,6 +68,7 @@ from freescale.provenance import git_provenance  # noqa: E402
 THIS = Path(__file__).resolve()
 DATA_ROOT = REPO / "out" / "bench-data"
 TARGETS = {"locality": 0.10, "no-locality": 0.55}
+TARGET_WALL_VS_RAYDATA = 1.0  # issue 28: the epoch's wall time, ours (locality) against streaming_split + hints
 CONTENDERS = ("locality", "no-locality", "raydata", "default")
 LOCALITY = {"locality": True, "no-locality": False, "default": None}
 BARRIER_TIMEOUT_S = 300.0
@@ -334,6 +335,19 @@ def verdicts(rows: list[dict]) -> list[dict]:
         out.append({"contender": row["contender"], "R": row["R"], "target": target, "ratio": ratio,
                     "verdict": verdict})
         print(f"{head} (target <= {target}, exactly once): {verdict}{plan}", flush=True)
+    print(f"\n== targets (the epoch's wall time: Ray Data's / ours with locality, >= {TARGET_WALL_VS_RAYDATA}, "
+          "ours within its link target)", flush=True)
+    for ours in (r for r in rows if r["contender"] == "locality" and not r.get("error")):
+        anchor = next((r for r in rows if r["contender"] == "raydata" and r["R"] == ours["R"]
+                       and not r.get("error")), None)
+        if anchor is None:
+            continue
+        speed = anchor["wall_s"] / ours["wall_s"]
+        ok = speed >= TARGET_WALL_VS_RAYDATA and ours["ratio"] <= TARGETS["locality"] and ours["exactly_once"]
+        out.append({"contender": "locality-wall", "R": ours["R"], "target": TARGET_WALL_VS_RAYDATA, "ratio": speed,
+                    "verdict": "PASS" if ok else "FAIL"})
+        print(f"R={ours['R']} ({ours['ranks_per_node']} per node): ours {ours['wall_s']:.1f} s, streaming_split "
+              f"{anchor['wall_s']:.1f} s: {speed:.2f}x: {'PASS' if ok else 'FAIL'}", flush=True)
     return out
 
 
