@@ -365,6 +365,8 @@ def parse_args(argv):
     ap.add_argument("--contenders", default="locality,no-locality,raydata",
                     help=f"comma list of {', '.join(CONTENDERS)} (default locality,no-locality,raydata)")
     ap.add_argument("--no-idle", action="store_true", help="skip the idle window after each pass")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed passes of every contender before the timed ones, "
+                    "per ranks-per-node (default 1: the first pass on a fresh cluster pays its workers' start)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per pass (default 600)")
     ap.add_argument("--json-out", type=Path, help="also write the result object to this file")
     args = ap.parse_args(argv)
@@ -376,6 +378,8 @@ def parse_args(argv):
         args.ranks_per_node = [int(v) for v in args.ranks_per_node.split(",")]
     except ValueError:
         ap.error(f"--ranks-per-node must be a comma list of integers, got {args.ranks_per_node!r}")
+    if args.warmup < 0:
+        ap.error(f"--warmup must be >= 0, got {args.warmup}")
     if any(v < 1 for v in args.ranks_per_node):
         ap.error(f"--ranks-per-node values must be >= 1, got {args.ranks_per_node}")
     return args
@@ -411,6 +415,13 @@ def main(argv=None) -> dict:
         for per_node in args.ranks_per_node:
             cfg = {"R": 2 * per_node, "ranks_per_node": per_node, "M": args.microbatches,
                    "G": args.samples_per_step, "columns": columns, "timeout": args.timeout}
+            for _ in range(args.warmup):  # untimed: every contender's processes, imports and page cache warm
+                for contender in args.contenders:
+                    try:
+                        measure(cluster, ds, cfg, contender, work, idle=False)
+                    except Exception as exc:  # the timed pass below records it
+                        print(f"warm-up pass of {contender} (R={cfg['R']}) failed: {type(exc).__name__}: {exc}",
+                              flush=True)
             for contender in args.contenders:
                 try:
                     row = measure(cluster, ds, cfg, contender, work, idle=not args.no_idle)
