@@ -42,13 +42,14 @@ each batch into the same jagged torch tensors (user ids, and per list column val
    worker makes the same global batch of G as ours. ``equal=True`` (Ray Train's default) drops the last
    ``rows % R`` rows; the check allows exactly that.
 4. ``ours``: ``loader.SequenceLoader(dir, ranks=R, microbatches=M, samples_per_step=G, backend="ray", seed=--seed)``
-   on the running Ray; every rank's ``iter_rank(rank)`` drained by its own thread. Rows = ``len(mb.user_ids)``,
+   on the running Ray (one node: ``readers="auto"`` reads on threads of this process); every rank's
+   ``iter_rank(rank)`` drained by its own thread. Rows = ``len(mb.user_ids)``,
    tokens = ``len(mb.item_ids)``; planner ms/step from ``loader.stats()``. Reported as not available when
    ``loader.SequenceLoader`` cannot be imported.
 5. ``ours_dl``: the same loader, each rank through PyTorch's ``DataLoader(loader.torch.RankDataset(loader, rank=r),
    batch_size=None)`` (issue 18: what a trainer using a DataLoader pays over ``iter_rank``).
-   ``ours_inline``: the same loader with ``backend="inline"`` (the same control plane, reader threads in this
-   process instead of reader actors): what the Ray shells cost on one node.
+   ``ours_inline``: the same loader with ``backend="inline"`` (the same control plane and reader threads, no
+   Ray metrics); ``ours_actors``: with ``readers="actors"`` (reader actors, rows through the object store).
 6. ``spdl``: SPDL 0.8's pipeline (``PipelineBuilder``): the row groups read with ``concurrency=2`` (threads), each
    split into G-row batches and turned into the tensors, ``build(num_threads=2)``. It does not balance.
 7. ``named2``, ``named8``: P = 2 or 8 trainer processes as torchrun starts them (``bench/ingest_rank.py``, started
@@ -135,7 +136,7 @@ SIGMA, FILES = 1.2, 4
 DATASETS = (*SHAPES, "movielens")
 MOVIELENS_G = 128  # 610 rows: 5 steps
 PROCS = (2, 8)  # trainer processes of the named-loader cases (named2, named8) and their anchors (split2, split8)
-CONTENDERS = ("floor", "spdl", "raydata", "raysplit", "ours", "ours_s3", "ours_dl", "ours_inline",
+CONTENDERS = ("floor", "spdl", "raydata", "raysplit", "ours", "ours_s3", "ours_dl", "ours_inline", "ours_actors",
               *(f"{kind}{p}" for p in PROCS for kind in ("named", "split")))
 ANCHORS = ("raydata", "raysplit")
 TARGET_ROWS_VS_ANCHOR, TARGET_CPU_VS_ANCHOR, TARGET_FIRST_BATCH_S = 1.0, 0.8, 1.0  # issue 16
@@ -659,15 +660,18 @@ def ours_available() -> tuple[bool, str]:
 
 
 def run_ours(ds: dict, cols: list[str], cfg: dict, clock: dict, *, dataloader: bool = False, s3: bool = False,
-             backend: str = "ray") -> dict:
+             backend: str = "ray", readers: str = "auto") -> dict:
     """SequenceLoader on the running Ray, every rank drained by its own thread; ``teardown`` closes it.
     ``dataloader``: each rank through ``DataLoader(RankDataset(loader, rank=r), batch_size=None)``; ``s3``: the
     dataset's copy on the bench's loopback S3 server (:class:`S3Store`); ``backend``: ``inline`` runs the same
-    control plane with reader threads in this process."""
+    control plane with reader threads in this process; ``readers``: the Ray backend's (``auto``: threads on this
+    one-node Ray, ``actors``: reader actors)."""
     from loader import SequenceLoader
 
     R = cfg["R"]
     kwargs = dict(ranks=R, microbatches=cfg["M"], samples_per_step=cfg["G"], backend=backend, seed=cfg["seed"])
+    if backend == "ray" and readers != "auto":
+        kwargs["readers"] = readers
     if cfg["columns"] == "items":
         try:
             from loader.contract.schema import Columns
@@ -795,6 +799,7 @@ def planner_ms_per_step(stats, steps: int) -> float | None:
 RUNNERS = {"floor": run_floor, "spdl": run_spdl, "raydata": run_raydata, "raysplit": run_raysplit, "ours": run_ours,
            "ours_dl": functools.partial(run_ours, dataloader=True), "ours_s3": functools.partial(run_ours, s3=True),
            "ours_inline": functools.partial(run_ours, backend="inline"),
+           "ours_actors": functools.partial(run_ours, readers="actors"),
            **{f"{kind}{p}": functools.partial(run, procs=p) for p in PROCS
               for kind, run in (("named", run_named), ("split", run_split))}}
 
