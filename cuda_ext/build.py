@@ -111,6 +111,7 @@ def headers() -> list[Path]:
     return sorted(SOURCE_DIR.glob("*.cuh"))
 
 
+@functools.cache  # build() and load_runtime() both ask: one subprocess per process
 def _nvcc_version(nvcc: Path) -> str:
     return subprocess.run([str(nvcc), "--version"], capture_output=True, text=True, check=True).stdout
 

@@ -194,9 +194,10 @@ def triton_codec_fits(cols: int) -> bool:
 
 # ---- lossless stage: zero-byte elimination (torch integer ops, identical on every device) ------------------
 
-def zero_bytes_encode(body: Tensor) -> Tensor:
-    """body (n,) uint8 -> bitmap of its non-zero bytes (ceil(n / 8),) + those bytes (nnz,), concatenated."""
-    nonzero = body != 0  # (n,)
+def zero_bytes_encode(body: Tensor, nonzero: Tensor | None = None) -> Tensor:
+    """body (n,) uint8 -> bitmap of its non-zero bytes (ceil(n / 8),) + those bytes (nnz,), concatenated.
+    ``nonzero``: ``body != 0`` where the caller has it already."""
+    nonzero = body != 0 if nonzero is None else nonzero  # (n,)
     bits = torch.nn.functional.pad(nonzero, (0, -body.numel() % 8)).reshape(-1, 8).to(torch.uint8)  # (n/8, 8)
     bitmap = bits[:, 0].clone()
     for j in range(1, 8):  # in uint8 throughout: no widening pass over the body
@@ -204,10 +205,11 @@ def zero_bytes_encode(body: Tensor) -> Tensor:
     return torch.cat([bitmap, body[nonzero]])
 
 
-def zero_bytes_pay(body: Tensor) -> bool:
-    """Whether zero_bytes_encode(body) is shorter than body: ceil(n / 8) + nnz < n, from one counting pass."""
-    n = body.numel()
-    return -(-n // 8) + int(torch.count_nonzero(body)) < n
+def zero_bytes_pay(nonzero: Tensor) -> bool:
+    """Whether zero_bytes_encode of a body whose non-zero bytes are ``nonzero`` (n,) bool is shorter than the
+    body: ceil(n / 8) + nnz < n."""
+    n = nonzero.numel()
+    return -(-n // 8) + int(nonzero.sum()) < n
 
 
 def zero_bytes_decode(blob: Tensor, n: int) -> Tensor:
@@ -282,8 +284,9 @@ def compress(x: Tensor, eb: float) -> Tensor:
     raw = torch.nonzero(status != 0).reshape(-1)  # (n_raw,) rows stored as they are
     body = torch.cat([_as_bytes(lo), _as_bytes(step), _as_bytes(packed), _as_bytes(raw), _as_bytes(x[raw])])
     flags, body_bytes = 0, body.numel()
-    if zero_bytes_pay(body):  # counted first: the bitmap is built only where it wins
-        flags, body = FLAG_ZERO_BYTES, zero_bytes_encode(body)
+    nonzero = body != 0  # (n,) one pass: counted first, the bitmap is built only where it wins
+    if zero_bytes_pay(nonzero):
+        flags, body = FLAG_ZERO_BYTES, zero_bytes_encode(body, nonzero)
     head = HEADER.pack(MAGIC, VERSION, code, bits, flags, rows, cols, eb, raw.numel(), body_bytes)
     head = torch.tensor(list(head), dtype=torch.uint8).to(x.device)
     return torch.cat([head, _as_bytes(body)])

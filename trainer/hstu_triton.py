@@ -45,7 +45,7 @@ import triton.language as tl
 from torch import Tensor
 
 from trainer.attention import (_TIME_BUCKETS_PER_OCTAVE, JaggedBias, position_bucket, sample_lengths,
-                               time_bucket)
+                               tensor_core_inputs, time_bucket)
 
 _INT64_MAX = 2**63 - 1
 _STAGES = 2  # software-pipelined loads; 3 (triton's default) triples the shared memory of the time-bias tiles
@@ -373,9 +373,9 @@ class _HSTUAttention(torch.autograd.Function):
 
 
 def _precision(dtype: torch.dtype) -> str:
-    """tl.dot's input precision: float32 inputs follow torch's matmul flag (exact float32 unless
-    ``torch.backends.cuda.matmul.allow_tf32``, as the grouped path's matmuls do); 16-bit inputs multiply exactly."""
-    return "tf32" if dtype != torch.float32 or torch.backends.cuda.matmul.allow_tf32 else "ieee"
+    """tl.dot's input precision: on tensor cores where ``tensor_core_inputs`` says so (16-bit inputs multiply
+    exactly; float32 as torch's matmul flag allows), exact float32 otherwise."""
+    return "tf32" if tensor_core_inputs(dtype) else "ieee"
 
 
 def _power_of_two_tile(name: str, value: int) -> int:

@@ -176,8 +176,7 @@ class RankTrainer:
         backward included) is a span of `self.collectives`, read here once."""
         times = self.collectives.settle(self.placement.host)
         with record_function("## metrics: step record ##"):
-            losses = self.losses[-len(step):]  # one read of the step's losses (one device sync on a GPU)
-            self.losses.clear()
+            losses, self.losses = self.losses, []  # the step's losses, read once (one device sync on a GPU)
             return StepRecord(
                 step=stats.step, rank=self.place.rank, step_s=times.step_s, compute_s=times.compute_s,
                 comm_s=times.comm_s, wait_s=times.wait_s, loss=sum(torch.stack(losses).tolist()),

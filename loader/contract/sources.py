@@ -42,18 +42,16 @@ class DataFile:
     filesystem: pafs.FileSystem
     size: int | None = None
 
-    def open(self) -> pq.ParquetFile:
-        return pq.ParquetFile(self.filesystem.open_input_file(self.path))
-
-    def footer(self) -> pq.FileMetaData:
+    def footer(self, stream=None) -> pq.FileMetaData:
         """The file's Parquet footer, read once per process and file version (path and size) while recently
-        used: a reader of many row groups of one file asks object storage for its footer once."""
+        used: a reader of many row groups of one file asks object storage for its footer once. ``stream``:
+        the file already open, to read it from on a miss."""
         key = (self.filesystem.type_name, self.path, self.size)
         with _footer_lock:
             if key in _footers:
                 _footers.move_to_end(key)
                 return _footers[key]
-        metadata = self.open().metadata
+        metadata = pq.ParquetFile(stream or self.filesystem.open_input_file(self.path)).metadata
         with _footer_lock:
             _footers[key] = metadata
             while len(_footers) > _FOOTERS:
@@ -251,9 +249,9 @@ def _read_footer(file: DataFile) -> tuple[DataFile, pa.Schema, list[int]] | Exce
     """(the file with its size, schema, rows per row group), or the exception a corrupt footer raised.
     The footer stays in this process's cache (:meth:`DataFile.footer`) for the reads that follow."""
     try:
-        with file.filesystem.open_input_file(file.path) as stream:
+        with file.filesystem.open_input_file(file.path) as stream:  # one open (on object storage: one HEAD)
             file = replace(file, size=stream.size())
-        metadata = file.footer()
+            metadata = file.footer(stream)
         schema = metadata.schema.to_arrow_schema()
         return file, schema, [metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)]
     except FileNotFoundError:
@@ -262,14 +260,16 @@ def _read_footer(file: DataFile) -> tuple[DataFile, pa.Schema, list[int]] | Exce
         return exc
 
 
+def carried_chunks(group: pq.RowGroupMetaData, names: set[str]) -> list[pq.ColumnChunkMetaData]:
+    """The column chunks of ``group`` whose top-level column is in ``names``."""
+    chunks = (group.column(j) for j in range(group.num_columns))
+    return [chunk for chunk in chunks if chunk.path_in_schema.split(".", 1)[0] in names]
+
+
 def _carried_bytes(metadata: pq.FileMetaData, names: set[str]) -> list[int]:
     """Uncompressed bytes of the column chunks of ``names`` (top-level columns) in each row group."""
-    out = []
-    for g in range(metadata.num_row_groups):
-        group = metadata.row_group(g)
-        out.append(sum(group.column(j).total_uncompressed_size for j in range(group.num_columns)
-                       if group.column(j).path_in_schema.split(".", 1)[0] in names))
-    return out
+    return [sum(chunk.total_uncompressed_size for chunk in carried_chunks(metadata.row_group(g), names))
+            for g in range(metadata.num_row_groups)]
 
 
 def _carried_columns(schema: pa.Schema, path: str, columns: Columns) -> dict[str, pa.DataType]:

@@ -2,10 +2,9 @@
 
 :class:`Sources` keeps the handles of the units that later steps still read (a handle names the node
 holding the unit's decoded rows) and turns planned messages into messages of handles: each rank reads
-the units of its own node in place (:func:`loader.stages.assemble.route`), and the readers of every other node
-pack that rank's rows there into one piece (``Readers.pack``; every rank's route at once,
-:func:`loader.stages.assemble.route_ranks`), so each event crosses the network at
-most once. When a holder died meanwhile (``Lost``), the lost units are read again (``Readers.renew``)
+the units of its own node in place, and the readers of every other node pack that rank's rows there into
+one piece (``Readers.pack``); every rank's route at once (:func:`loader.stages.assemble.route_ranks`), so
+each event crosses the network at most once. When a holder died meanwhile (``Lost``), the lost units are read again (``Readers.renew``)
 and the messages routed anew: reads are pure, so nothing is lost or repeated.
 """
 

@@ -121,10 +121,15 @@ def route_ranks(messages: list[RankMessage], holder: np.ndarray, here: list[int 
     out_row[local] = row[local]
     units_of = np.diff(unit_first)  # (R,)
     source[remote] = units_of[owner[remote]] + piece_inv - piece_first[owner[remote]]
-    out_row[remote] = _rank_within_group(piece_inv, len(piece_keys))
-    by_piece = remote[np.argsort(piece_inv, kind="stable")]  # remote rows, piece by piece, delivery order
+    order = np.argsort(piece_inv, kind="stable")  # remote rows, piece by piece, in delivery order
+    sizes = np.bincount(piece_inv, minlength=len(piece_keys))  # (pieces,)
+    piece_ends = np.cumsum(sizes)
+    within = np.empty(len(remote), dtype=np.int64)  # each remote row's place in its piece
+    within[order] = np.arange(len(remote), dtype=np.int64) - np.repeat(piece_ends - sizes, sizes)
+    out_row[remote] = within
+    by_piece = remote[order]
     piece_unit, piece_row = unit[by_piece], row[by_piece]
-    ends = np.cumsum(np.bincount(piece_inv, minlength=len(piece_keys))).tolist()
+    ends = piece_ends.tolist()
     starts = [0, *ends[:-1]]
     piece_nodes = piece_keys % node_span - 1
     nodes = piece_nodes.tolist()
@@ -152,16 +157,6 @@ def pack(held: dict[int, Rows], unit: np.ndarray, row: np.ndarray, dtypes: dict[
     """Rows (unit, row) (n,) of the units ``held`` here, gathered into one new :class:`Rows`."""
     used, source = np.unique(unit, return_inverse=True)
     return gather([held[u] for u in used.tolist()], source.astype(np.int64), row, dtypes)
-
-
-def _rank_within_group(group: np.ndarray, groups: int) -> np.ndarray:
-    """For each element, how many earlier elements share its group (int64 (n,))."""
-    order = np.argsort(group, kind="stable")
-    sizes = np.bincount(group, minlength=groups)
-    starts = np.cumsum(sizes) - sizes
-    out = np.empty(len(group), dtype=np.int64)
-    out[order] = np.arange(len(group), dtype=np.int64) - np.repeat(starts, sizes)
-    return out
 
 
 def rank_messages(

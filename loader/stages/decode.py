@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from loader.stages.clean import Chunk, ListColumn, clean, corrupt
-from loader.contract.sources import SourceIndex
+from loader.contract.sources import SourceIndex, carried_chunks
 
 # What pyarrow raises for pages that do not decode (bad compression, garbled encodings, short reads).
 _DECODE_ERRORS = (pa.ArrowException, OSError)
@@ -123,10 +123,7 @@ def _names(index: SourceIndex) -> list[str]:
 def _chunk_range(group: pq.RowGroupMetaData, names: set[str]) -> tuple[int, int]:
     """[start, stop) file offsets spanning the column chunks of ``group`` whose top-level column is in ``names``."""
     start, stop = None, 0
-    for j in range(group.num_columns):
-        chunk = group.column(j)
-        if chunk.path_in_schema.split(".", 1)[0] not in names:
-            continue
+    for chunk in carried_chunks(group, names):
         first = chunk.data_page_offset
         if chunk.has_dictionary_page and chunk.dictionary_page_offset is not None:
             first = min(first, chunk.dictionary_page_offset)

@@ -111,10 +111,6 @@ class PlannedStep(Batch):
     metrics: dict
     crossing: tuple[int, int] = (0, 0)  # samples, tokens planned onto a rank of another node than home
 
-    def rank_samples(self, rank: int, microbatches: int) -> np.ndarray:
-        """Batch positions of ``rank``'s samples, microbatch by microbatch, int64 (n_rank,)."""
-        return self.order[self.bins[rank * microbatches] : self.bins[(rank + 1) * microbatches]]
-
 
 class EpochRun:
     """The steps of epoch ``epoch`` from ``start`` on; see the module docstring.

@@ -212,3 +212,9 @@ def assert_resume_equal(source, kwargs: dict, *, stop_after: int, epochs=(0,), s
     rest = run({**spec, "state": first["state"], "epochs": resumed})["steps"]
     assert len(first["steps"]) == min(stop_after, len(full))
     assert first["steps"] + rest == full
+
+
+def backend_options(backend: str) -> dict:
+    """A backend's options for tests of both: the Ray backend with reader actors (on a one-node Ray,
+    ``readers="auto"`` would read on threads, as inline does)."""
+    return {"backend": backend, **({"readers": "actors"} if backend == "ray" else {})}

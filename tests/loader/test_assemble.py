@@ -14,7 +14,7 @@ ROLES = ({"item_ids": np.dtype("int64")}, "item_ids", None)
 def rank_message_ref(steps, rank, microbatches):
     """Rank ``rank``'s message fields, one step at a time: its bins in order, microbatch by microbatch."""
     M = microbatches
-    picks = [s.rank_samples(rank, M) for s in steps]
+    picks = [s.order[s.bins[rank * M] : s.bins[(rank + 1) * M]] for s in steps]  # batch positions, mb by mb
     sizes = np.concatenate([np.diff(s.bins[rank * M : (rank + 1) * M + 1]) for s in steps])
     return dict(
         steps=np.array([s.step for s in steps], dtype=np.int64),

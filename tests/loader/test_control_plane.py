@@ -10,7 +10,7 @@ import pytest
 from loader import SequenceLoader
 from loader.backends import inline as inline_backend
 
-from .helpers import by_threads, collect, histories, record, source_histories, synth
+from .helpers import backend_options, by_threads, collect, histories, record, source_histories, synth
 
 
 @pytest.fixture(scope="module")
@@ -28,14 +28,8 @@ def backend(request):
 KWARGS = dict(ranks=2, microbatches=1, samples_per_step=10, shuffle_window=50, seed=2, num_readers=2)
 
 
-def options(backend: str) -> dict:
-    """The backend's options: the Ray backend with reader actors (on this one-node Ray, ``readers="auto"`` would
-    read on threads, as inline does)."""
-    return {"backend": backend, **({"readers": "actors"} if backend == "ray" else {})}
-
-
 def test_ranks_iterated_together_get_every_row_once_as_iter_steps_plans_it(backend, data):
-    with SequenceLoader(data, **options(backend), **KWARGS) as loader:
+    with SequenceLoader(data, **backend_options(backend), **KWARGS) as loader:
         per_rank = by_threads(loader, 2)
         stats = loader.stats()
     with SequenceLoader(data, backend="inline", **KWARGS) as reference:
@@ -62,7 +56,7 @@ def _first_of_both(backend, fast, slow) -> dict:
 
 
 def test_a_slow_rank_holds_the_producer_not_the_queued_steps(backend, data):
-    with SequenceLoader(data, **options(backend), prefetch_steps=1, **KWARGS) as loader:
+    with SequenceLoader(data, **backend_options(backend), prefetch_steps=1, **KWARGS) as loader:
         slow, fast = loader.iter_rank(1), loader.iter_rank(0)
         got = _first_of_both(backend, fast, slow)  # both ranks iterate the run
         done = threading.Event()

@@ -13,7 +13,7 @@ from loader import SequenceLoader
 from loader.stages.decode import RowGroupBytes, decode_unit, fetch_unit, read_unit
 from loader.contract.sources import index_source
 
-from .helpers import assert_resume_equal, by_threads, collect, histories, source_histories, synth
+from .helpers import assert_resume_equal, backend_options, by_threads, collect, histories, source_histories, synth
 
 moto_server = pytest.importorskip("moto.server", reason="needs the test extra (moto[server])")
 
@@ -46,12 +46,6 @@ def s3(tmp_path_factory):
         server.stop()
 
 
-def options(backend: str) -> dict:
-    """The backend's options: the Ray backend with reader actors (on this one-node Ray, ``readers="auto"`` would
-    read on threads, as inline does)."""
-    return {"backend": backend, **({"readers": "actors"} if backend == "ray" else {})}
-
-
 @pytest.mark.parametrize("backend", ["inline", "ray"])
 def test_s3_rows_exactly_once_and_batches_as_from_local_disk(request, s3, backend):
     uri, local = s3
@@ -62,7 +56,7 @@ def test_s3_rows_exactly_once_and_batches_as_from_local_disk(request, s3, backen
     assert {f.filesystem.type_name for f in index.files} == {"s3"}
     with SequenceLoader(local, backend="inline", **KWARGS) as disk:
         expected = collect(disk)
-    with SequenceLoader(uri, **options(backend), **KWARGS) as loader:
+    with SequenceLoader(uri, **backend_options(backend), **KWARGS) as loader:
         got = collect(loader) if backend == "inline" else by_threads(loader, KWARGS["ranks"])
         stats = loader.stats()
     if backend == "ray":  # [rank][microbatch] -> [step][rank][microbatch]
@@ -77,7 +71,7 @@ def test_s3_rows_exactly_once_and_batches_as_from_local_disk(request, s3, backen
 def test_s3_resume_in_a_new_process(request, s3, backend):
     if backend == "ray":
         request.getfixturevalue("ray_address")
-    assert_resume_equal(s3[0], {**KWARGS, **options(backend)}, stop_after=2, spawn=backend == "inline")
+    assert_resume_equal(s3[0], {**KWARGS, **backend_options(backend)}, stop_after=2, spawn=backend == "inline")
 
 
 def test_fetch_reads_only_the_carried_columns_range(tmp_path):
