@@ -26,6 +26,8 @@ from loader.contract.sources import SourceIndex, carried_chunks
 # What pyarrow raises for pages that do not decode (bad compression, garbled encodings, short reads).
 _DECODE_ERRORS = (pa.ArrowException, OSError)
 READ_AHEAD_BYTES = 1 << 30  # decoded row groups read ahead of the current shuffle block, at most (one at least)
+SLICE_BYTES = 32 << 20  # a row group decoding to more than this is decoded this much at a time (about): less memory, and
+# less CPU on large ones (docs/benchmarks.md "Decoding in slices")
 
 
 def readahead_units(index: SourceIndex, readers: int) -> int:
@@ -97,23 +99,125 @@ def decode_unit(index: SourceIndex, fetched: RowGroupBytes, *, max_seq_len: int 
     try:
         source = pa.PythonFile(_RangeFile(fetched.data, fetched.start, fetched.size), mode="r")
         parquet = pq.ParquetFile(source, metadata=fetched.metadata)
-        table = parquet.read_row_group(u.row_group, columns=_names(index), use_threads=False)
+        if u.nbytes > SLICE_BYTES:
+            decoded = _decode_slices(index, parquet, u)
+        else:
+            decoded = _columns(index, parquet.read_row_group(u.row_group, columns=_names(index), use_threads=False))
     except _DECODE_ERRORS as exc:
         if skip_corrupt:
             return corrupt(u.rows)
         raise _undecodable(index, unit, exc) from exc
-    if table.num_rows != u.rows:
+    user_ids, user_null, lists = decoded
+    if len(user_ids) != u.rows:
         raise ValueError(
-            f"{index.describe(unit)}: holds {table.num_rows} rows, but its footer said {u.rows} when "
+            f"{index.describe(unit)}: holds {len(user_ids)} rows, but its footer said {u.rows} when "
             "the loader was built; the file changed: construct the loader again"
         )
-    users = table.column(index.columns.user).combine_chunks().cast(pa.int64())
+    return clean(user_ids, user_null, lists, items=index.columns.items, max_seq_len=max_seq_len)
+
+
+Decoded = tuple[np.ndarray, "np.ndarray | None", dict[str, ListColumn]]  # user ids, their null mask, list columns
+
+
+def _columns(index: SourceIndex, table: pa.Table | pa.RecordBatch) -> Decoded:
+    """The carried columns of ``table`` as NumPy (zero-copy where pyarrow's buffers allow)."""
+    users = _whole(table.column(index.columns.user)).cast(pa.int64())
     user_null = users.is_null().to_numpy(zero_copy_only=False) if users.null_count else None
     if users.null_count:
         users = users.fill_null(0)
-    user_ids = _view(users)
-    lists = {column: _list_column(table.column(column).combine_chunks(), t) for column, t in index.lists}
-    return clean(user_ids, user_null, lists, items=index.columns.items, max_seq_len=max_seq_len)
+    return _view(users), user_null, {column: _list_column(_whole(table.column(column)), t) for column, t in index.lists}
+
+
+def _whole(column: pa.ChunkedArray | pa.Array) -> pa.Array:
+    return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+
+
+def _decode_slices(index: SourceIndex, parquet: pq.ParquetFile, u) -> Decoded:
+    """A row group decoding to more than ``SLICE_BYTES``, decoded ``SLICE_BYTES`` at a time into arrays sized
+    once from its footer (rows; a list column's leaf values, which bound its events): pyarrow's builders never
+    grow to the whole row group, and no second copy of it is built (about 1.3 GB at the peak of a 0.5 GB row
+    group decoded whole, against its 0.5 GB plus a slice's)."""
+    group = parquet.metadata.row_group(u.row_group)
+    leaves = {chunk.path_in_schema.split(".", 1)[0]: chunk.num_values
+              for chunk in carried_chunks(group, {column for column, _ in index.lists})}
+    out = _Filling(u.rows, {column: (leaves.get(column, 0), np.dtype(t.to_pandas_dtype())) for column, t in index.lists})
+    batch_rows = max(1, u.rows * SLICE_BYTES // max(u.nbytes, 1))
+    for batch in parquet.iter_batches(batch_size=batch_rows, row_groups=[u.row_group], columns=_names(index),
+                                      use_threads=False):
+        out.add(*_columns(index, batch))
+    return out.result()
+
+
+class _Filling:
+    """A row group's carried columns filled slice by slice into arrays allocated once: ``rows`` rows, and a list
+    column's values sized from its ``leaves`` (a footer's leaf count bounds its events); grown should a footer
+    undercount (the row count is checked after)."""
+
+    def __init__(self, rows: int, lists: dict[str, tuple[int, np.dtype]]) -> None:
+        self.n = 0
+        self.user_ids = np.empty(rows, dtype=np.int64)
+        self.user_null: np.ndarray | None = None
+        self.lists = {column: _ListFilling(rows, leaves, dtype) for column, (leaves, dtype) in lists.items()}
+
+    def add(self, user_ids: np.ndarray, user_null: np.ndarray | None, lists: dict[str, ListColumn]) -> None:
+        start, self.n = self.n, self.n + len(user_ids)
+        self.user_ids = _fit(self.user_ids, self.n)
+        self.user_ids[start : self.n] = user_ids
+        self.user_null = _put_mask(self.user_null, user_null, start, len(self.user_ids))
+        for column, filling in self.lists.items():
+            filling.add(start, lists[column])
+
+    def result(self) -> Decoded:
+        n = self.n
+        return (self.user_ids[:n], None if self.user_null is None else self.user_null[:n],
+                {column: filling.result(n) for column, filling in self.lists.items()})
+
+
+class _ListFilling:
+    """One list column of :class:`_Filling`: offsets from 0, values packed."""
+
+    def __init__(self, rows: int, leaves: int, dtype: np.dtype) -> None:
+        self.offsets = np.zeros(rows + 1, dtype=np.int64)
+        self.values = np.empty(leaves, dtype=dtype)
+        self.events = 0
+        self.row_null: np.ndarray | None = None
+        self.event_null: np.ndarray | None = None
+
+    def add(self, start: int, column: ListColumn) -> None:
+        rows = len(column.offsets) - 1
+        first, last = int(column.offsets[0]), int(column.offsets[-1])
+        at, self.events = self.events, self.events + last - first
+        self.offsets = _fit(self.offsets, start + rows + 1)
+        np.add(column.offsets[1:], at - first, out=self.offsets[start + 1 : start + rows + 1])
+        self.values = _fit(self.values, self.events)
+        self.values[at : self.events] = column.values[first:last]
+        self.row_null = _put_mask(self.row_null, column.row_null, start, len(self.offsets) - 1)
+        event_null = None if column.event_null is None else column.event_null[first:last]
+        self.event_null = _put_mask(self.event_null, event_null, at, len(self.values))
+
+    def result(self, rows: int) -> ListColumn:
+        return ListColumn(self.offsets[: rows + 1], self.values[: self.events],
+                          None if self.row_null is None else self.row_null[:rows],
+                          None if self.event_null is None else self.event_null[: self.events])
+
+
+def _fit(array: np.ndarray, size: int) -> np.ndarray:
+    """``array``, or a copy at least ``size`` long (doubling; the new tail zeroed) where it is shorter."""
+    if len(array) >= size:
+        return array
+    grown = np.zeros(max(size, 2 * len(array)), dtype=array.dtype)
+    grown[: len(array)] = array
+    return grown
+
+
+def _put_mask(mask: np.ndarray | None, part: np.ndarray | None, start: int, size: int) -> np.ndarray | None:
+    """``mask`` (bool, at least ``size`` long once made) with ``part`` written at ``start``; made on the first
+    part that has one (all False before it)."""
+    if part is None:
+        return mask if mask is None else _fit(mask, size)
+    mask = np.zeros(size, dtype=bool) if mask is None else _fit(mask, size)
+    mask[start : start + len(part)] = part
+    return mask
 
 
 def _names(index: SourceIndex) -> list[str]:
