@@ -25,9 +25,10 @@ from loader.contract.sources import SourceIndex, carried_chunks
 
 # What pyarrow raises for pages that do not decode (bad compression, garbled encodings, short reads).
 _DECODE_ERRORS = (pa.ArrowException, OSError)
-READ_AHEAD_BYTES = 1 << 30  # decoded row groups read ahead of the current shuffle block, at most (one at least)
-SLICE_BYTES = 32 << 20  # a row group decoding to more than this is decoded this much at a time (about): less memory, and
-# less CPU on large ones (docs/benchmarks.md "Decoding in slices")
+READ_AHEAD_BYTES = 512 << 20  # decoded row groups read ahead of the current shuffle block, at most (one at least)
+SLICED_ABOVE = 128 << 20  # a row group decoding to more than this is decoded in slices (docs/benchmarks.md "Decoding
+SLICE_BYTES = 32 << 20  # in slices"): of about this many bytes; less memory, and less CPU on the largest
+STREAM_BUFFER = 1 << 20  # such a row group of a local file is read through a buffer of this many bytes, not held
 
 
 def readahead_units(index: SourceIndex, readers: int) -> int:
@@ -53,6 +54,7 @@ class RowGroupBytes:
     data: pa.Buffer | None
     metadata: pq.FileMetaData | None
     size: int = 0
+    streamed: bool = False  # nothing fetched: a large row group of a local file, decoded from the file in slices
 
 
 def read_unit(index: SourceIndex, unit: int, *, max_seq_len: int | None, skip_corrupt: bool) -> Chunk:
@@ -67,6 +69,8 @@ def fetch_unit(index: SourceIndex, unit: int, *, skip_corrupt: bool) -> RowGroup
     file = index.files[u.file]
     try:
         metadata = file.footer()
+        if u.nbytes > SLICED_ABOVE and file.filesystem.type_name == "local":  # pages read as decoded, not held
+            return RowGroupBytes(unit, 0, None, metadata, streamed=True)
         start, stop = _chunk_range(metadata.row_group(u.row_group), set(_names(index)))
         with file.filesystem.open_input_file(file.path) as stream:
             size = stream.size()
@@ -87,22 +91,30 @@ def decode_unit(index: SourceIndex, fetched: RowGroupBytes, *, max_seq_len: int 
                 skip_corrupt: bool) -> Chunk:
     """Decode, validate and truncate the row group ``fetched`` holds.
 
-    Decoded on the calling thread (``use_threads=False``): readers run side by side, one row group
-    each, and pyarrow's own thread pool on top of them only adds switching (about 10% more CPU).
+    A row group up to ``SLICED_ABOVE`` is decoded whole on the calling thread (``use_threads=False``): readers
+    run side by side, one row group each, and pyarrow's own thread pool on top of them only adds switching
+    (about 10% more CPU). A larger one is decoded in slices on pyarrow's threads (:func:`_decode_slices`):
+    the read-ahead holds one or two such row groups (``READ_AHEAD_BYTES``), so one decode uses the cores.
     A row group that does not decode raises ValueError naming the file and row group, or with
     ``skip_corrupt`` comes back with every row marked corrupt (counted, never delivered).
     """
     unit = fetched.unit
     u = index.units[unit]
-    if fetched.data is None:
+    if fetched.data is None and not fetched.streamed:
         return corrupt(u.rows)
+    file = index.files[u.file]
     try:
-        source = pa.PythonFile(_RangeFile(fetched.data, fetched.start, fetched.size), mode="r")
-        parquet = pq.ParquetFile(source, metadata=fetched.metadata)
-        if u.nbytes > SLICE_BYTES:
-            decoded = _decode_slices(index, parquet, u)
+        if fetched.streamed:
+            with file.filesystem.open_input_file(file.path) as source:
+                decoded = _decode_slices(index, pq.ParquetFile(source, metadata=fetched.metadata, pre_buffer=False,
+                                                               buffer_size=STREAM_BUFFER), u)
         else:
-            decoded = _columns(index, parquet.read_row_group(u.row_group, columns=_names(index), use_threads=False))
+            parquet = pq.ParquetFile(pa.PythonFile(_RangeFile(fetched.data, fetched.start, fetched.size), mode="r"),
+                                     metadata=fetched.metadata)
+            decoded = (_decode_slices(index, parquet, u) if u.nbytes > SLICED_ABOVE else
+                       _columns(index, parquet.read_row_group(u.row_group, columns=_names(index), use_threads=False)))
+    except FileNotFoundError as exc:
+        raise FileNotFoundError(f"{file.path}: the file disappeared after the loader indexed it") from exc
     except _DECODE_ERRORS as exc:
         if skip_corrupt:
             return corrupt(u.rows)
@@ -133,7 +145,7 @@ def _whole(column: pa.ChunkedArray | pa.Array) -> pa.Array:
 
 
 def _decode_slices(index: SourceIndex, parquet: pq.ParquetFile, u) -> Decoded:
-    """A row group decoding to more than ``SLICE_BYTES``, decoded ``SLICE_BYTES`` at a time into arrays sized
+    """A row group decoding to more than ``SLICED_ABOVE``, decoded ``SLICE_BYTES`` at a time into arrays sized
     once from its footer (rows; a list column's leaf values, which bound its events): pyarrow's builders never
     grow to the whole row group, and no second copy of it is built (about 1.3 GB at the peak of a 0.5 GB row
     group decoded whole, against its 0.5 GB plus a slice's)."""
@@ -143,7 +155,7 @@ def _decode_slices(index: SourceIndex, parquet: pq.ParquetFile, u) -> Decoded:
     out = _Filling(u.rows, {column: (leaves.get(column, 0), np.dtype(t.to_pandas_dtype())) for column, t in index.lists})
     batch_rows = max(1, u.rows * SLICE_BYTES // max(u.nbytes, 1))
     for batch in parquet.iter_batches(batch_size=batch_rows, row_groups=[u.row_group], columns=_names(index),
-                                      use_threads=False):
+                                      use_threads=u.nbytes * 2 > READ_AHEAD_BYTES):
         out.add(*_columns(index, batch))
     return out.result()
 

@@ -1,4 +1,4 @@
-"""A row group decoded in slices (large row groups, ``SLICE_BYTES``) equals the same row group decoded whole."""
+"""A row group decoded in slices (large row groups, ``SLICED_ABOVE``) equals the same row group decoded whole."""
 
 import itertools
 
@@ -34,7 +34,8 @@ def _write(tmp_path, rows, item_type, group_rows) -> str:
 
 
 def _decoded(index, unit, slice_bytes, monkeypatch, max_seq_len):
-    monkeypatch.setattr(decode, "SLICE_BYTES", slice_bytes)
+    """``unit`` read whole (``slice_bytes`` None) or in slices of ``slice_bytes`` (the setting left so)."""
+    _slices(monkeypatch, slice_bytes)
     return decode.read_unit(index, unit, max_seq_len=max_seq_len, skip_corrupt=False)
 
 
@@ -45,18 +46,34 @@ def _decoded(index, unit, slice_bytes, monkeypatch, max_seq_len):
 def test_slices_equal_whole(tmp_path, monkeypatch, rows, group_rows, slice_share, item_type, max_seq_len):
     index = index_source(_write(tmp_path, rows, item_type, group_rows))
     for unit in range(len(index.units)):
-        whole = _decoded(index, unit, 2**62, monkeypatch, max_seq_len)
+        whole = _decoded(index, unit, None, monkeypatch, max_seq_len)
         # below the row group's size: decoded in slices (of one row at 0)
-        sliced = _decoded(index, unit, int(index.units[unit].nbytes * slice_share), monkeypatch, max_seq_len)
-        assert sliced.status.tolist() == whole.status.tolist()
-        a, b = whole.rows, sliced.rows
-        assert b.user_ids.tolist() == a.user_ids.tolist()
-        assert b.offsets.tolist() == a.offsets.tolist()
-        assert b.cut.tolist() == a.cut.tolist()
-        assert set(b.events) == set(a.events)
-        for name in a.events:
-            assert b.events[name].dtype == a.events[name].dtype
-            assert b.events[name].tolist() == a.events[name].tolist()
+        slice_bytes = int(index.units[unit].nbytes * slice_share)
+        streamed = _decoded(index, unit, slice_bytes, monkeypatch, max_seq_len)  # a local file: read as decoded
+        _slices(monkeypatch, None)
+        fetched = decode.fetch_unit(index, unit, skip_corrupt=False)  # as from object storage: the bytes first
+        _slices(monkeypatch, slice_bytes)
+        from_memory = decode.decode_unit(index, fetched, max_seq_len=max_seq_len, skip_corrupt=False)
+        for sliced in (streamed, from_memory):
+            _same(whole, sliced)
+
+
+def _slices(monkeypatch, slice_bytes):
+    """Row groups decoded whole (``slice_bytes`` None), or every one in slices of ``slice_bytes``."""
+    monkeypatch.setattr(decode, "SLICED_ABOVE", 2**62 if slice_bytes is None else -1)
+    monkeypatch.setattr(decode, "SLICE_BYTES", slice_bytes or 0)
+
+
+def _same(whole, sliced):
+    assert sliced.status.tolist() == whole.status.tolist()
+    a, b = whole.rows, sliced.rows
+    assert b.user_ids.tolist() == a.user_ids.tolist()
+    assert b.offsets.tolist() == a.offsets.tolist()
+    assert b.cut.tolist() == a.cut.tolist()
+    assert set(b.events) == set(a.events)
+    for name in a.events:
+        assert b.events[name].dtype == a.events[name].dtype
+        assert b.events[name].tolist() == a.events[name].tolist()
 
 
 def test_filling_grows_past_an_undercounting_footer():
@@ -81,7 +98,7 @@ def test_filling_grows_past_an_undercounting_footer():
 
 
 def test_large_row_groups_are_decoded_in_slices(tmp_path, monkeypatch):
-    """A row group over ``SLICE_BYTES`` goes through pyarrow's batch reader, several slices of it."""
+    """A row group over ``SLICED_ABOVE`` goes through pyarrow's batch reader, several slices of it."""
     path = _write(tmp_path, [(i, [i] * 5, [i] * 5) for i in range(100)], pa.list_(pa.int64()), 100)
     index = index_source(path)
     batches = []
@@ -93,22 +110,34 @@ def test_large_row_groups_are_decoded_in_slices(tmp_path, monkeypatch):
             yield batch
 
     monkeypatch.setattr(pq.ParquetFile, "iter_batches", counted)
+    monkeypatch.setattr(decode, "SLICED_ABOVE", index.units[0].nbytes - 1)
     monkeypatch.setattr(decode, "SLICE_BYTES", index.units[0].nbytes // 4)
     chunk = decode.read_unit(index, 0, max_seq_len=None, skip_corrupt=False)
     assert chunk.rows.user_ids.tolist() == list(range(100))
     assert len(batches) >= 4 and sum(batches) == 100
     batches.clear()
-    monkeypatch.setattr(decode, "SLICE_BYTES", index.units[0].nbytes)
+    monkeypatch.setattr(decode, "SLICED_ABOVE", index.units[0].nbytes)
     decode.read_unit(index, 0, max_seq_len=None, skip_corrupt=False)
     assert batches == []
 
 
-@pytest.mark.parametrize("slice_bytes", [0, 2**62])
+@pytest.mark.parametrize("slice_bytes", [0, None])
 def test_a_changed_row_count_is_named_either_way(tmp_path, monkeypatch, slice_bytes):
     path = _write(tmp_path, [(i, [i], [i]) for i in range(6)], pa.list_(pa.int64()), 6)
     index = index_source(path)
     pq.write_table(pa.table({"user_id": pa.array([1], pa.int64()), "item_ids": pa.array([[1]]),
                              "timestamps": pa.array([[1]])}), path)
-    monkeypatch.setattr(decode, "SLICE_BYTES", slice_bytes)
+    _slices(monkeypatch, slice_bytes)
     with pytest.raises((ValueError, OSError), match="changed|outside|past"):
         decode.read_unit(index, 0, max_seq_len=None, skip_corrupt=False)
+
+
+def test_a_file_gone_before_a_streamed_read_is_named(tmp_path, monkeypatch):
+    path = _write(tmp_path, [(i, [i], [i]) for i in range(6)], pa.list_(pa.int64()), 6)
+    index = index_source(path)
+    _slices(monkeypatch, 0)
+    fetched = decode.fetch_unit(index, 0, skip_corrupt=False)
+    assert fetched.streamed and fetched.data is None
+    (tmp_path / path.rsplit("/", 1)[1]).unlink()
+    with pytest.raises(FileNotFoundError, match="disappeared after the loader indexed it"):
+        decode.decode_unit(index, fetched, max_seq_len=None, skip_corrupt=True)
