@@ -22,7 +22,7 @@ from loader.stages.assemble import pack
 from loader.config import LoaderConfig
 from loader.stages.pipeline import Resume, warm_up
 from loader.control.protocol import Fetched, Health, Packed, Where
-from loader.stages.decode import read_unit
+from loader.stages.decode import read_unit, readahead_units
 from loader.control.runs import RunKey
 from loader.control.service import Service
 from loader.contract.sources import SourceIndex
@@ -62,7 +62,7 @@ class InlineClient:
         readers = ThreadReaders(index, config, self.pool)
 
         async def make() -> Service:
-            return Service(index, config, readers, readahead=2 * workers, watch=False, here=HERE)
+            return Service(index, config, readers, readahead=readahead_units(index, workers), watch=False, here=HERE)
 
         self.calls = LoopCalls(asyncio.run_coroutine_threadsafe(make(), control_loop()).result())
         warm_up(config)

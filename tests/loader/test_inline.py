@@ -266,3 +266,14 @@ def test_the_default_shuffle_block_scales_with_the_declared_trainer_nodes(data):
     assert LoaderConfig(**spec, ranks_per_node=8).block_rows(unit_rows) == 8 * 8000  # a largest row group per node
     assert LoaderConfig(**spec, ranks_per_node=32).block_rows(unit_rows) == DEFAULT_SHUFFLE_WINDOW  # 2 nodes
     assert LoaderConfig(**spec, ranks_per_node=8, shuffle_window=500).block_rows(unit_rows) == 500  # the user's
+
+
+@pytest.mark.parametrize("budget, expected", [(1, 1), (2**40, 4)])
+def test_the_read_ahead_is_bounded_by_bytes(data, monkeypatch, budget, expected):
+    """As the Ray backend's: row groups of 0.5 GB are read one ahead, not two per reader thread."""
+    from loader.stages import decode
+
+    monkeypatch.setattr(decode, "READ_AHEAD_BYTES", budget)
+    with _loader(data, ranks=2, microbatches=1, samples_per_step=8) as loader:
+        assert loader._client.calls.handle.readahead == expected
+        assert len(collect(loader)) == math.ceil(200 / 8)
