@@ -15,7 +15,9 @@
     the ``freescale`` namespace and placed on the node of the process that creates it (which owns
     it), so trainer processes constructing the loader with the same arguments and ``name`` attach
     to it (telling it their node, for the locality-aware plan, and their process id, so a dead
-    rank fails the run at once); the last to ``close()`` kills it and its readers.
+    rank fails the run at once); the last to ``close()`` kills it. Its readers are the creating process's:
+    they stay warm there for its next loader (:func:`loader.backends.reader.take_readers`), as an unnamed
+    loader's do.
   - An unnamed loader is private to this process, so its control plane runs here, on the control
     loop thread (:class:`LocalControl`): no coordinator process to start, no actor call per
     message. Its readers stay warm for this process's next loader (:func:`loader.backends.reader.take_readers`).
@@ -115,10 +117,6 @@ class RayReaders:
         """Cancel the reads still queued on the readers (warm readers would make the next loader wait behind them)."""
         for call in list(self.inflight):
             ray.cancel(call)
-
-    def kill(self) -> None:
-        for reader in self.readers:
-            ray.kill(reader)
 
     def _on(self, node) -> list[int]:
         """Readers on ``node`` (every reader when none is there, or ``node`` is None)."""
@@ -278,10 +276,6 @@ class Control:
             self.publisher.publish(self.service.stats.as_dict())
             await asyncio.sleep(PUBLISH_S)
 
-    async def release(self) -> None:
-        """Kill the readers: the last loader closes."""
-        self.readers.kill()
-
     async def detach(self, where: Where) -> int:
         """The loader of the process at ``where`` let go: the number of loaders still attached whose
         process lives (one that died without closing, such as a failed trainer worker, is not waited for)."""
@@ -348,9 +342,6 @@ class RayCalls(ControlCalls):
 
     def detach(self, where: Where):
         return self.submit(self.handle.detach, where)
-
-    def release(self):
-        return self.submit(self.handle.release)
 
 
 class ActorControl(RayCalls):
@@ -477,7 +468,8 @@ class RayClient:
         first, self.node = self.get(self.control.attach(shape, config.name, self.where),
                                     timeout=max(STARTUP_S, config.liveness_timeout))
         if first:
-            self.control.set_readers(*(readers or take_readers(count)))
+            self.readers = readers or take_readers(count)
+            self.control.set_readers(*self.readers)
         elif readers is not None:  # another process created it first: its readers serve
             give_back(*readers)
 
@@ -520,12 +512,15 @@ class RayClient:
             return
         try:
             remaining = self.get(self.control.detach(self.where))
+            if remaining <= 0:
+                self.get(self.control.close())  # reads still queued on the readers are cancelled
+                ray.kill(self.control.handle)
+                _wait_name_released(coordinator_name(self.config.name))  # before a new loader may reuse it
         except CoordinatorLost:  # already gone (its owner exited, it was killed, or it is cut off)
-            return
-        if remaining <= 0:
-            self.get(self.control.release())  # its readers (this process owns them)
-            ray.kill(self.control.handle)
-            _wait_name_released(coordinator_name(self.config.name))  # before a new loader may reuse it
+            pass
+        finally:
+            if self.readers is not None:  # this process started them: warm for its next loader, named or not
+                give_back(*self.readers)
 
 
 class RayStream(Stream):

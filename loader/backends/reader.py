@@ -3,8 +3,8 @@
 Kept apart from the coordinator so a reader process imports only what reading needs (pyarrow,
 NumPy, the ragged-copy kernel), not the planner: readers start sooner. A reader holds no state
 but the objects it owns: every call names what to read (:meth:`SourceIndex.only`), so a restarted
-reader serves at once, and one process serves loader after loader. Readers an unnamed loader
-started stay warm in this process after it closes (:func:`take_readers`, :func:`give_back`), as
+reader serves at once, and one process serves loader after loader. Readers a loader (named or
+not) started stay warm in this process after it closes (:func:`take_readers`, :func:`give_back`), as
 Ray's own worker pool does for tasks: the next loader skips their start (about 0.8 CPU-s and
 0.5 s each). :func:`shutdown_readers` (or ``ray.shutdown``) ends them.
 """

@@ -112,6 +112,20 @@ def test_named_coordinator_is_shared_by_trainer_processes(ray_address, data):
         ray.get_actor(coordinator_name("shared"), namespace=NAMESPACE)
 
 
+def test_a_named_loaders_readers_stay_warm_in_the_process_that_started_them(ray_address, data):
+    kwargs = dict(ranks=2, microbatches=2, samples_per_step=30, shuffle_window=45, num_readers=2, seed=4,
+                  backend="ray", ray_address=ray_address)
+    with SequenceLoader(data, name="warm-a", **kwargs) as first:
+        taken = collect(first)
+        pids = sorted(ray.get([r.pid.remote() for r in first.reader_handles()]))
+    with SequenceLoader(data, name="warm-b", **kwargs) as second:  # a new coordinator, the same readers
+        assert collect(second) == taken
+        assert sorted(ray.get([r.pid.remote() for r in second.reader_handles()])) == pids
+    with SequenceLoader(data, readers="actors", **kwargs) as unnamed:  # and an unnamed loader's
+        assert collect(unnamed) == taken
+        assert sorted(ray.get([r.pid.remote() for r in unnamed.reader_handles()])) == pids
+
+
 def test_killed_readers_restart_without_loss_or_repeat(ray_address, data):
     kwargs = dict(ranks=2, microbatches=2, samples_per_step=12, shuffle_window=25, num_readers=2, seed=9)
     with SequenceLoader(data, backend="ray", readers="actors", **kwargs) as loader:
