@@ -7,7 +7,9 @@ int64 (losslessly, as the schema check promised), features keep the first file's
 Reading is two steps, so that the bytes of one row group can be fetched while another decodes
 (a reader's read-ahead, :mod:`loader.backends.reader`): :func:`fetch_unit` reads the byte range of the row
 group's carried column chunks in one ranged read (one request to object storage), and
-:func:`decode_unit` decodes it from memory. File footers are read once per process and file
+:func:`decode_unit` decodes it from memory. A row group over ``SLICED_ABOVE`` is decoded in slices into
+arrays sized once (a local file's pages read as they are decoded, not fetched first): memory for the
+result and one slice, not the whole row group twice. File footers are read once per process and file
 (:meth:`loader.contract.sources.DataFile.footer`), not once per row group.
 """
 
@@ -64,7 +66,9 @@ def read_unit(index: SourceIndex, unit: int, *, max_seq_len: int | None, skip_co
 
 
 def fetch_unit(index: SourceIndex, unit: int, *, skip_corrupt: bool) -> RowGroupBytes:
-    """The bytes of row group ``unit``'s carried column chunks, in one ranged read (pyarrow releases the GIL)."""
+    """The bytes of row group ``unit``'s carried column chunks, in one ranged read (pyarrow releases the GIL);
+    none for a row group over ``SLICED_ABOVE`` of a local file, whose pages :func:`decode_unit` reads as it
+    decodes them."""
     u = index.units[unit]
     file = index.files[u.file]
     try:
@@ -154,8 +158,9 @@ def _decode_slices(index: SourceIndex, parquet: pq.ParquetFile, u) -> Decoded:
               for chunk in carried_chunks(group, {column for column, _ in index.lists})}
     out = _Filling(u.rows, {column: (leaves.get(column, 0), np.dtype(t.to_pandas_dtype())) for column, t in index.lists})
     batch_rows = max(1, u.rows * SLICE_BYTES // max(u.nbytes, 1))
+    alone = READ_AHEAD_BYTES // max(u.nbytes, 1) < 2  # read one ahead at most (readahead_units): use every core
     for batch in parquet.iter_batches(batch_size=batch_rows, row_groups=[u.row_group], columns=_names(index),
-                                      use_threads=u.nbytes * 2 > READ_AHEAD_BYTES):
+                                      use_threads=alone):
         out.add(*_columns(index, batch))
     return out.result()
 
