@@ -22,7 +22,7 @@ from loader.stages.assemble import pack
 from loader.config import LoaderConfig
 from loader.stages.pipeline import Resume, warm_up
 from loader.control.protocol import Fetched, Health, Packed, Where
-from loader.stages.decode import read_unit, readahead_units
+from loader.stages.decode import decode_unit, fetch_unit, read_unit, readahead_units
 from loader.control.runs import RunKey
 from loader.control.service import Service
 from loader.contract.sources import SourceIndex
@@ -33,15 +33,25 @@ HERE = Where(node="this process")  # where every rank runs and every row group i
 
 class ThreadReaders:
     """The :class:`loader.control.protocol.Readers` of the inline backend: units decoded on ``pool``, held in this
-    process (never lost), every rank here."""
+    process (never lost), every rank here. A remote file's row group is fetched on ``fetching`` first, so object
+    storage answers while ``pool`` decodes others (the read-ahead of :class:`loader.backends.reader.Reader`)."""
 
-    def __init__(self, index: SourceIndex, config: LoaderConfig, pool: ThreadPoolExecutor) -> None:
-        self.index, self.config, self.pool = index, config, pool
+    def __init__(self, index: SourceIndex, config: LoaderConfig, pool: ThreadPoolExecutor,
+                 fetching: ThreadPoolExecutor) -> None:
+        self.index, self.config, self.pool, self.fetching = index, config, pool, fetching
 
     async def fetch(self, unit: int, node: object) -> Fetched:
-        read = functools.partial(read_unit, self.index, unit, max_seq_len=self.config.max_seq_len,
-                                 skip_corrupt=self.config.skip_corrupt)
-        chunk = await asyncio.get_running_loop().run_in_executor(self.pool, read)
+        loop = asyncio.get_running_loop()
+        skip = self.config.skip_corrupt
+        if self.index.files[self.index.units[unit].file].remote:
+            fetched = await loop.run_in_executor(self.fetching, functools.partial(fetch_unit, self.index, unit,
+                                                                                  skip_corrupt=skip))
+            read = functools.partial(decode_unit, self.index, fetched, max_seq_len=self.config.max_seq_len,
+                                     skip_corrupt=skip)
+        else:  # a local file: fetched as its decode starts (page-cache reads; fetched bytes would only wait)
+            read = functools.partial(read_unit, self.index, unit, max_seq_len=self.config.max_seq_len,
+                                     skip_corrupt=skip)
+        chunk = await loop.run_in_executor(self.pool, read)
         return Fetched(chunk.meta(), chunk.rows, HERE.node)
 
     async def pack(self, node: object, pieces: dict[int, tuple], handles: dict) -> Packed:
@@ -59,10 +69,12 @@ class InlineClient:
         self.config = config
         workers = config.num_readers or os.cpu_count() or 1
         self.pool = ThreadPoolExecutor(max_workers=workers)
-        readers = ThreadReaders(index, config, self.pool)
+        readahead = readahead_units(index, workers)
+        self.fetching = ThreadPoolExecutor(max_workers=readahead + workers)  # every read in flight, for object storage
+        readers = ThreadReaders(index, config, self.pool, self.fetching)
 
         async def make() -> Service:
-            return Service(index, config, readers, readahead=readahead_units(index, workers), watch=False, here=HERE)
+            return Service(index, config, readers, readahead=readahead, watch=False, here=HERE)
 
         self.calls = LoopCalls(asyncio.run_coroutine_threadsafe(make(), control_loop()).result())
         warm_up(config)
@@ -76,6 +88,7 @@ class InlineClient:
     def close(self) -> None:
         self.calls.submit(self._close).result()
         self.pool.shutdown(wait=True, cancel_futures=True)
+        self.fetching.shutdown(wait=True, cancel_futures=True)
 
     async def _stats(self) -> dict:
         return self.calls.handle.stats.as_dict()

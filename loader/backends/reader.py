@@ -75,8 +75,7 @@ class Reader:
              loader: str) -> tuple[UnitMeta, ray.ObjectRef, int]:
         """Read ``unit`` (an index of one row group, :meth:`SourceIndex.only`) for the loader
         tagged ``loader`` in the metrics."""
-        remote = unit.files[0].filesystem.type_name != "local"
-        fetched = fetch_unit(unit, 0, skip_corrupt=skip_corrupt) if remote else None  # beside another's decode
+        fetched = fetch_unit(unit, 0, skip_corrupt=skip_corrupt) if unit.files[0].remote else None  # beside a decode
         with self.decoding:
             if fetched is None:  # a local file: its bytes come at page-cache speed, fetched bytes would only wait
                 fetched = fetch_unit(unit, 0, skip_corrupt=skip_corrupt)

@@ -42,6 +42,12 @@ class DataFile:
     filesystem: pafs.FileSystem
     size: int | None = None
 
+    @property
+    def remote(self) -> bool:
+        """Whether the file lies on another filesystem than this machine's (object storage): worth fetching
+        ahead while another row group decodes."""
+        return self.filesystem.type_name != "local"
+
     def footer(self, stream=None) -> pq.FileMetaData:
         """The file's Parquet footer, read once per process and file version (path and size) while recently
         used: a reader of many row groups of one file asks object storage for its footer once. ``stream``:

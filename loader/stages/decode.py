@@ -73,7 +73,7 @@ def fetch_unit(index: SourceIndex, unit: int, *, skip_corrupt: bool) -> RowGroup
     file = index.files[u.file]
     try:
         metadata = file.footer()
-        if u.nbytes > SLICED_ABOVE and file.filesystem.type_name == "local":  # pages read as decoded, not held
+        if u.nbytes > SLICED_ABOVE and not file.remote:  # pages read as decoded, not held
             return RowGroupBytes(unit, 0, None, metadata, streamed=True)
         start, stop = _chunk_range(metadata.row_group(u.row_group), set(_names(index)))
         with file.filesystem.open_input_file(file.path) as stream:
