@@ -55,7 +55,10 @@ each batch into the same jagged torch tensors (user ids, and per list column val
 7. ``named2``, ``named8``: P = 2 or 8 trainer processes as torchrun starts them (``bench/ingest_rank.py``, started
    and joined to the bench's Ray before the pass), each ``SequenceLoader(path, ranks=P, microbatches=M,
    samples_per_step=G, backend="ray", name=...)`` draining ``iter_rank(rank)``; timed from the moment every process
-   is told to build its loader to the last batch of any rank.
+   is told to build its loader to the last batch of any rank. With ``--named-epochs N`` each pass goes on with
+   epochs 1 .. N-1 of the same loaders, as a training job does with the loader it built once; each later epoch's
+   rows/s and first batch (from the moment every rank asks for it) are printed under the row and kept as
+   ``later_epochs`` (the row's wall and rows/s stay epoch 0's; its CPU then covers every epoch).
 8. ``split2``, ``split8`` (their anchor): ``streaming_split(P, equal=True)`` with one consumer process per split (an
    actor, as Ray Train's workers are; started before the pass), each ``iter_torch_batches(batch_size=G // P)``.
 9. ``ours_s3``: ``ours`` over the same files on an S3-compatible server on loopback (moto's server in a child
@@ -550,13 +553,13 @@ class RankProcesses:
                 return line[len(want):]
         raise RuntimeError(f"rank process {proc.pid} ended before it said {want!r} (exit code {proc.poll()})")
 
-    def run_pass(self, clock: dict) -> list[dict]:
+    def run_pass(self, clock: dict, epochs: int = 1) -> list[dict]:
         """One pass, every process building its loader at once; sets ``clock["first"]`` and ``clock["end"]``
         (``time.monotonic()``: one clock for every process of the machine)."""
         self.passes += 1
         name = f"ingest-bench-{os.getpid()}-{id(self)}-{self.passes}"
         for proc in self.procs:
-            proc.stdin.write(f"go {name}\n")
+            proc.stdin.write(f"go {name} {epochs}\n")
             proc.stdin.flush()
         results = [json.loads(self._line(proc, "result ")) for proc in self.procs]
         clock["first"] = {i: r["first"] for i, r in enumerate(results) if r["first"] is not None}
@@ -588,12 +591,28 @@ def run_named(ds: dict, cols: list[str], cfg: dict, clock: dict, *, procs: int) 
     key = (ds["path"], procs, cfg["M"], cfg["G"], cfg["seed"])
     if key not in _RANK_PROCESSES:
         _RANK_PROCESSES[key] = RankProcesses(ds, cfg, procs)
-    results = _RANK_PROCESSES[key].run_pass(clock)
+    results = _RANK_PROCESSES[key].run_pass(clock, cfg["named_epochs"])
     mbs = [r["microbatches"] for r in results]
     stats = results[0]["stats"]
     return {"rows": sum(r["rows"] for r in results), "tokens": sum(r["tokens"] for r in results), "consumers": procs,
             "stats": stats, "planner_ms_per_step": planner_ms_per_step(stats, math.ceil(ds["rows"] / cfg["G"])),
-            "microbatches_per_rank": mbs, "equal_microbatches": len(set(mbs)) == 1}
+            "microbatches_per_rank": mbs, "equal_microbatches": len(set(mbs)) == 1,
+            "later_epochs": later_epochs(results, ds["rows"])}
+
+
+def later_epochs(results: list[dict], rows: int) -> list[dict]:
+    """Each later epoch of the named processes' ``results``: from the last rank to ask for it (every rank must)
+    to the last batch of any rank; the first batch when every rank holds one. Every row delivered, or an error."""
+    out = []
+    for k in range(len(results[0]["later"])):
+        ranks = [r["later"][k] for r in results]
+        if sum(e["rows"] for e in ranks) != rows:
+            raise RuntimeError(f"epoch {k + 1} delivered {sum(e['rows'] for e in ranks)} rows, not {rows}")
+        start = max(e["start"] for e in ranks)
+        wall = max(e["end"] for e in ranks) - start
+        out.append({"epoch": k + 1, "wall_s": wall, "rows_per_s": rows / wall,
+                    "first_batch_s": max(e["first"] for e in ranks) - start})
+    return out
 
 
 def close_rank_processes() -> None:
@@ -984,6 +1003,8 @@ def parse_args(argv) -> argparse.Namespace:
     ap.add_argument("--samples-per-step", type=int, default=1024, help="G: ours' global batch, floor's and raydata's "
                     f"batch size, R x raysplit's (default 1024; MovieLens uses {MOVIELENS_G})")
     ap.add_argument("--num-cpus", type=int, default=os.cpu_count(), help="CPUs given to Ray (default: all)")
+    ap.add_argument("--named-epochs", type=int, default=1, help="epochs each named pass runs on the loaders it "
+                    "builds (default 1; see named2)")
     ap.add_argument("--warmups", type=int, default=1, help="untimed passes per contender first (default 1)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the synthetic sets and of ours' epoch order (default 0)")
     ap.add_argument("--repeats", type=int, default=None, help="timed passes per contender after the warm-up "
@@ -1015,7 +1036,8 @@ def parse_args(argv) -> argparse.Namespace:
             ap.error(f"--{name}-rows must be >= 1, got {args.rows[name]}")
     for flag, value, least in (("--ranks", args.ranks, 1), ("--microbatches", args.microbatches, 1),
                                ("--num-cpus", args.num_cpus, 1), ("--warmups", args.warmups, 0),
-                               ("--repeats", args.repeats, 1), ("--ray-prefetch", args.ray_prefetch, 0)):
+                               ("--repeats", args.repeats, 1), ("--ray-prefetch", args.ray_prefetch, 0),
+                               ("--named-epochs", args.named_epochs, 1)):
         if value is not None and value < least:
             ap.error(f"{flag} must be >= {least}, got {value}")
     smallest_g = min([args.samples_per_step] + [MOVIELENS_G] * ("movielens" in args.datasets))
@@ -1074,7 +1096,8 @@ def main(argv=None) -> dict:
             cols = dataset_columns(ds["path"], args.columns)
             G = MOVIELENS_G if ds["name"] == "movielens" else args.samples_per_step
             cfg = {"R": args.ranks, "M": args.microbatches, "G": G, "ray_prefetch": args.ray_prefetch, "seed": args.seed,
-                   "columns": args.columns, "quiet_wait": args.quiet_wait, "quiet_cores": args.quiet_cores}
+                   "columns": args.columns, "quiet_wait": args.quiet_wait, "quiet_cores": args.quiet_cores,
+                   "named_epochs": args.named_epochs}
             n_rep = max(args.repeats, 5) if ds["name"] == "movielens" and not args.quick else args.repeats
             print(f"\n== {ds['name']}: {ds['rows']:,} rows, {ds['tokens']:,} events ({ds['tokens'] / ds['rows']:.0f} "
                   f"per row), columns {cols}, G={G} (raysplit {G // args.ranks} per split), R={args.ranks} x "
@@ -1096,6 +1119,9 @@ def main(argv=None) -> dict:
                 if row.get("warmup_first_batch_s"):
                     print(f"          {name} first batch in the warm-up pass(es): "
                           f"{', '.join(_fmt(v, '.2f') for v in row['warmup_first_batch_s'])} s", flush=True)
+                for later in row.get("later_epochs", []):
+                    print(f"          {name} epoch {later['epoch']} of the same loaders: {later['rows_per_s']:.0f} rows/s, "
+                          f"first batch {later['first_batch_s']:.2f} s", flush=True)
                 if name == "ours" and row.get("stats") is not None and not row["error"]:
                     print(f"          ours stats(): {json.dumps(row['stats'], default=str)[:1500]}; delivered "
                           f"fields {row.get('delivered_fields')}", flush=True)

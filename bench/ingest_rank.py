@@ -2,10 +2,13 @@
 ``--ranks``, iterating its rank of a named ``SequenceLoader`` on the bench's running Ray.
 
 Started once per contender by the bench (imports, ``ray.init(address=...)``), it prints ``ready`` and then runs one
-pass per line ``go <loader name>`` on stdin: builds ``SequenceLoader(path, ranks=P, microbatches=M,
-samples_per_step=G, backend="ray", name=<loader name>)``, drains ``iter_rank(rank)``, closes the loader, and prints
-``result`` and a JSON object on one line (other lines on stdout, Ray's or a library's, are not the bench's): rows, tokens, microbatches, ``first`` and ``end`` (``time.monotonic()``, the same clock in every
-process of the machine), and the loader's ``stats()`` from rank 0. ``quit`` (or end of input) ends it.
+pass per line ``go <loader name> [epochs]`` on stdin: builds ``SequenceLoader(path, ranks=P, microbatches=M,
+samples_per_step=G, backend="ray", name=<loader name>)``, drains ``iter_rank(rank)`` (and ``iter_rank(rank, epoch=e)``
+for each later epoch, as a training job does with the loader it built once), closes the loader, and prints
+``result`` and a JSON object on one line (other lines on stdout, Ray's or a library's, are not the bench's): epoch
+0's rows, tokens, microbatches, ``first`` and ``end`` (``time.monotonic()``, the same clock in every process of the
+machine), ``later`` (``start``, ``first``, ``end`` and ``rows`` of each later epoch), and the loader's ``stats()``
+from rank 0. ``quit`` (or end of input) ends it.
 """
 
 from __future__ import annotations
@@ -41,25 +44,31 @@ def main(argv=None) -> None:
         command = line.split()
         if not command or command[0] == "quit":
             break
-        rows = tokens = mbs = 0
-        first = None
+        epochs = int(command[2]) if len(command) > 2 else 1
         loader = SequenceLoader(args.path, ranks=args.ranks, microbatches=args.microbatches,
                                 samples_per_step=args.samples_per_step, backend="ray", seed=args.seed,
                                 name=command[1])
         try:
-            for mb in loader.iter_rank(args.rank):
-                if first is None:
-                    first = time.monotonic()
-                rows += len(mb.user_ids)
-                tokens += len(mb.item_ids)
-                mbs += 1
-            end = time.monotonic()
+            passes = [drain(loader, args.rank, epoch) for epoch in range(epochs)]
             stats = loader.stats() if args.rank == 0 else None
         finally:
             loader.close()
-        print("result " + json.dumps({"rows": rows, "tokens": tokens, "microbatches": mbs, "first": first, "end": end,
-                          "stats": stats}, default=str), flush=True)
+        print("result " + json.dumps({**passes[0], "later": passes[1:], "stats": stats}, default=str), flush=True)
     ray.shutdown()
+
+
+def drain(loader, rank: int, epoch: int) -> dict:
+    """Rank ``rank``'s epoch ``epoch``: rows, tokens, microbatches, and when it started, had its first batch, ended."""
+    rows = tokens = mbs = 0
+    start, first = time.monotonic(), None
+    for mb in loader.iter_rank(rank, epoch=epoch):
+        if first is None:
+            first = time.monotonic()
+        rows += len(mb.user_ids)
+        tokens += len(mb.item_ids)
+        mbs += 1
+    return {"rows": rows, "tokens": tokens, "microbatches": mbs, "start": start, "first": first,
+            "end": time.monotonic()}
 
 
 if __name__ == "__main__":

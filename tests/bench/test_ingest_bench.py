@@ -67,7 +67,7 @@ def test_end_to_end_tiny(tmp_path):
     # 2001 rows, so raysplit's and split2's equal splits over 2 drop exactly one
     proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--short-rows", "2001", "--datasets", "short",
                            "--contenders", ",".join(contenders), "--ranks", "2", "--microbatches", "2",
-                           "--samples-per-step", "256", "--warmups", "0", "--num-cpus", "2",
+                           "--samples-per-step", "256", "--warmups", "0", "--num-cpus", "2", "--named-epochs", "2",
                            "--data-dir", str(tmp_path / "data"), "--json-out", str(out)],
                           capture_output=True, text=True, timeout=280, env=env, cwd=SCRIPT.parents[1])
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -90,6 +90,8 @@ def test_end_to_end_tiny(tmp_path):
         assert got[split]["batch_size_per_split"] == 128
     assert got["ours"]["rows"] == got["ours_s3"]["rows"] == got["named2"]["rows"] == 2001
     assert got["ours"]["equal_microbatches"] and got["named2"]["equal_microbatches"]
+    (later,) = got["named2"]["later_epochs"]  # epoch 1 of the same loaders, every row delivered again
+    assert later["epoch"] == 1 and later["rows_per_s"] > 0 and 0 < later["first_batch_s"] <= later["wall_s"]
     entry = result["targets"]["datasets"]["short"]
     for key in ("ours_vs_spdl_rows_per_s", "ours_vs_spdl_cpu_per_row", "ours_first_batch_s", "named2_vs_spdl_rows_per_s",
                 "named2_vs_split2_rows_per_s", "named2_first_batch_s", "ours_vs_raysplit_rows_per_s",
