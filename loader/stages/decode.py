@@ -28,8 +28,8 @@ from loader.contract.sources import SourceIndex, carried_chunks
 # What pyarrow raises for pages that do not decode (bad compression, garbled encodings, short reads).
 _DECODE_ERRORS = (pa.ArrowException, OSError)
 READ_AHEAD_BYTES = 512 << 20  # decoded row groups read ahead of the current shuffle block, at most (one at least)
-SLICED_ABOVE = 128 << 20  # a row group decoding to more than this is decoded in slices (docs/benchmarks.md "Decoding
-SLICE_BYTES = 32 << 20  # in slices"): of about this many bytes; half the peak memory of a whole decode
+SLICED_ABOVE = 128 << 20  # a row group decoding to more than this is decoded in slices (docs/benchmarks.md "The whole
+SLICE_BYTES = 32 << 20  # matrix again"): of about this many bytes; half the peak memory of a whole decode
 STREAM_BUFFER = 1 << 20  # such a row group of a local file is read through a buffer of this many bytes, not held
 
 
