@@ -11,7 +11,9 @@ from hypothesis import strategies as st
 
 from loader.contract.sources import index_source
 from loader.stages import decode
-from loader.stages.clean import ListColumn
+from loader.stages.clean import CORRUPT, ListColumn
+
+from .helpers import corrupt_row_group, synth
 
 # A row: (user id or None, items or None (items may hold None: a null event), timestamps or None)
 row = st.tuples(
@@ -141,3 +143,17 @@ def test_a_file_gone_before_a_streamed_read_is_named(tmp_path, monkeypatch):
     (tmp_path / path.rsplit("/", 1)[1]).unlink()
     with pytest.raises(FileNotFoundError, match="disappeared after the loader indexed it"):
         decode.decode_unit(index, fetched, max_seq_len=None, skip_corrupt=True)
+
+
+@pytest.mark.parametrize("slice_bytes", [0, 64, None])
+def test_a_corrupt_row_group_is_named_or_skipped_in_slices_too(tmp_path, monkeypatch, slice_bytes):
+    data = synth(tmp_path / "d", users=60, files=1, rows_per_group=20)
+    broken = data / "part-00000.parquet"
+    lost = corrupt_row_group(broken, 1)
+    index = index_source(str(data))
+    _slices(monkeypatch, slice_bytes)
+    with pytest.raises(ValueError, match=r"\(row group 1\): cannot be decoded .*skip_corrupt=True"):
+        decode.read_unit(index, 1, max_seq_len=None, skip_corrupt=False)
+    skipped = decode.read_unit(index, 1, max_seq_len=None, skip_corrupt=True)
+    assert skipped.status.tolist() == [CORRUPT] * lost and len(skipped.rows.user_ids) == 0
+    assert len(decode.read_unit(index, 0, max_seq_len=None, skip_corrupt=False).rows.user_ids) == 20
