@@ -82,7 +82,8 @@ floor's is about 1: one thread). ``foreign`` is machine busy time not spent by t
 (other users' jobs: a noise warning); before each timed pass the bench waits (up to ``--quiet-wait`` s) until
 other processes use under ``--quiet-cores`` CPUs.
 
-Memory: a sampler thread reads ``/proc/<pid>/status`` every 0.2 s for the same tree. ``mem`` = sum of RssAnon
+Memory: a sampler thread reads ``/proc/<pid>/status`` every 0.2 s for the same tree. On ``mem``, each contender runs
+in a fresh bench process of its own (``measure_in_child``): a memory pool keeps what an earlier contender freed. ``mem`` = sum of RssAnon
 (private memory) + the largest RssShmem of any one process (Ray's shared-memory object store, counted once);
 ``RSS`` = sum of VmRSS (shared pages counted once per process: an upper bound). Reported: the peak of each during
 the timed passes, and ``mem`` when the pass started (idle Ray workers left by earlier contenders included).
@@ -882,7 +883,7 @@ def measure(name: str, ds: dict, cols: list[str], cfg: dict, warmups: int, repea
             "runs": f"best of {repeats} after {warmups} warm-up pass(es)", "all_walls_s": [q["wall_s"] for q in passes],
             "all_cpu_s": [q["cpu_s"] for q in passes], "all_foreign_cpu_s": [q["foreign_cpu_s"] for q in passes],
             "dropped_rows": ds["rows"] - want, "complete": best["rows"] == want and tokens_ok,
-            "warmup_first_batch_s": warm_firsts}
+            "warmup_first_batch_s": warm_firsts, "bench_pid": os.getpid()}
 
 
 # ---------------------------------------------------------------- report
@@ -1003,6 +1004,7 @@ def parse_args(argv) -> argparse.Namespace:
     ap.add_argument("--samples-per-step", type=int, default=1024, help="G: ours' global batch, floor's and raydata's "
                     f"batch size, R x raysplit's (default 1024; MovieLens uses {MOVIELENS_G})")
     ap.add_argument("--num-cpus", type=int, default=os.cpu_count(), help="CPUs given to Ray (default: all)")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # measure_in_child's process
     ap.add_argument("--named-epochs", type=int, default=1, help="epochs each named pass runs on the loaders it "
                     "builds (default 1; see named2)")
     ap.add_argument("--warmups", type=int, default=1, help="untimed passes per contender first (default 1)")
@@ -1050,7 +1052,33 @@ def parse_args(argv) -> argparse.Namespace:
     return args
 
 
+def measure_in_child(name: str, argv: list[str]) -> dict:
+    """``name``'s row on the ``mem`` set, measured by this bench in a fresh process (``--child``), with this run's
+    other options: a memory pool keeps what an earlier contender of the same process freed, so a later one's peak
+    memory rise would read low (the floor's read 449 MiB after ours and 737 MiB alone)."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in ("--datasets", "--contenders", "--json-out"):
+            skip = True
+        elif not arg.startswith(("--datasets=", "--contenders=", "--json-out=")):
+            kept.append(arg)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "row.json"
+        proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), *kept, "--datasets", "mem",
+                               "--contenders", name, "--json-out", str(out), "--child"],
+                              capture_output=True, text=True, cwd=REPO)
+        if proc.returncode != 0:
+            raise RuntimeError(f"the child bench process failed: {proc.stderr.strip()[-2000:]}")
+        (row,) = json.loads(out.read_text())["rows"]
+    if row.get("error"):
+        raise RuntimeError(row["error"])
+    return row
+
+
 def main(argv=None) -> dict:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     started = time.perf_counter()
 
@@ -1109,7 +1137,10 @@ def main(argv=None) -> dict:
                     row = {**base, "available": False, "error": None, "reason": why_not}
                 else:
                     try:
-                        row = {**base, **measure(name, ds, cols, cfg, args.warmups, n_rep)}
+                        if ds["name"] == "mem" and len(args.contenders) > 1 and not args.child:
+                            row = {**base, **measure_in_child(name, argv)}
+                        else:
+                            row = {**base, **measure(name, ds, cols, cfg, args.warmups, n_rep)}
                     except Exception as exc:  # one contender failing must not lose the others' figures
                         row = {**base, "available": True, "error": f"{type(exc).__name__}: {exc}"}
                     finally:

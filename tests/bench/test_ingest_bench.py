@@ -101,3 +101,15 @@ def test_end_to_end_tiny(tmp_path):
     assert "named8_vs_spdl_rows_per_s" not in entry and "ours_vs_floor_mem_rise" not in entry  # not run / not mem
     assert entry["spdl_vs_floor_rows_per_s"] > 0
     assert isinstance(result["targets"]["all_targets_pass"], bool)
+
+
+def test_mem_contenders_run_in_fresh_processes(tmp_path, monkeypatch):
+    """A memory pool keeps what an earlier contender freed: on ``mem`` a contender is measured by a bench process of
+    its own, given this run's other options (the dataset, contender and output options replaced)."""
+    monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    monkeypatch.setenv("NUMBA_CACHE_DIR", os.environ.get("NUMBA_CACHE_DIR", "/tmp/numba-cache"))
+    argv = ["--quick", "--mem-rows", "300", "--datasets", "short,mem", "--contenders=floor,ours", "--warmups", "0",
+            "--num-cpus", "1", "--data-dir", str(tmp_path / "data"), "--json-out", str(tmp_path / "parent.json")]
+    row = bench_ingest.measure_in_child("floor", argv)
+    assert row["dataset"] == "mem" and row["contender"] == "floor" and row["complete"] and row["rows"] == 300
+    assert row["bench_pid"] != os.getpid() and not (tmp_path / "parent.json").exists()
