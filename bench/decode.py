@@ -98,7 +98,8 @@ def main(argv=None) -> dict:
     print(f"{'dataset':>8} {'MiB':>5} {'rows':>7} " + " ".join(f"{w + ' CPU s':>13} {'wall s':>7} {'peak MiB':>8}"
                                                               for w in WAYS))
     sources = [(Path(path).name, path) for path in args.data]
-    sources += [(name, synth_dataset(name, SHAPES[name][1], DATA_ROOT, seed=args.seed)["path"]) for name in args.datasets]
+    sources += [(name, synth_dataset(name, SHAPES[name][1], DATA_ROOT, seed=args.seed)["path"])
+                for name in args.datasets]
     for name, path in sources:
         got = {}
         for way in WAYS:

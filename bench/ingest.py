@@ -83,8 +83,8 @@ floor's is about 1: one thread). ``foreign`` is machine busy time not spent by t
 other processes use under ``--quiet-cores`` CPUs.
 
 Memory: a sampler thread reads ``/proc/<pid>/status`` every 0.2 s for the same tree. On ``mem``, each contender runs
-in a fresh bench process of its own (``measure_in_child``): a memory pool keeps what an earlier contender freed. ``mem`` = sum of RssAnon
-(private memory) + the largest RssShmem of any one process (Ray's shared-memory object store, counted once);
+in a fresh bench process of its own (``measure_in_child``): a memory pool keeps what an earlier contender freed.
+``mem`` = sum of RssAnon (private memory) + the largest RssShmem of any one process (Ray's shared-memory object store, counted once);
 ``RSS`` = sum of VmRSS (shared pages counted once per process: an upper bound). Reported: the peak of each during
 the timed passes, and ``mem`` when the pass started (idle Ray workers left by earlier contenders included).
 
@@ -1151,7 +1151,8 @@ def main(argv=None) -> dict:
                     print(f"          {name} first batch in the warm-up pass(es): "
                           f"{', '.join(_fmt(v, '.2f') for v in row['warmup_first_batch_s'])} s", flush=True)
                 for later in row.get("later_epochs", []):
-                    print(f"          {name} epoch {later['epoch']} of the same loaders: {later['rows_per_s']:.0f} rows/s, "
+                    print(f"          {name} epoch {later['epoch']} of the same loaders: "
+                          f"{later['rows_per_s']:.0f} rows/s, "
                           f"first batch {later['first_batch_s']:.2f} s", flush=True)
                 if name == "ours" and row.get("stats") is not None and not row["error"]:
                     print(f"          ours stats(): {json.dumps(row['stats'], default=str)[:1500]}; delivered "

@@ -156,7 +156,8 @@ def _decode_slices(index: SourceIndex, parquet: pq.ParquetFile, u) -> Decoded:
     group = parquet.metadata.row_group(u.row_group)
     leaves = {chunk.path_in_schema.split(".", 1)[0]: chunk.num_values
               for chunk in carried_chunks(group, {column for column, _ in index.lists})}
-    out = _Filling(u.rows, {column: (leaves.get(column, 0), np.dtype(t.to_pandas_dtype())) for column, t in index.lists})
+    out = _Filling(u.rows, {column: (leaves.get(column, 0), np.dtype(t.to_pandas_dtype()))
+                            for column, t in index.lists})
     batch_rows = max(1, u.rows * SLICE_BYTES // max(u.nbytes, 1))
     alone = READ_AHEAD_BYTES // max(u.nbytes, 1) < 2  # read one ahead at most (readahead_units): use every core
     for batch in parquet.iter_batches(batch_size=batch_rows, row_groups=[u.row_group], columns=_names(index),
