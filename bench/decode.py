@@ -82,8 +82,9 @@ def parse_args(argv) -> argparse.Namespace:
     unknown = [name for name in args.datasets if name not in SHAPES]
     if unknown:
         ap.error(f"unknown datasets {unknown}: choose from {', '.join(SHAPES)}")
-    if args.repeats < 1 or args.unit < 0:
-        ap.error("--repeats must be >= 1 and --unit >= 0")
+    for flag, value, least in (("--repeats", args.repeats, 1), ("--unit", args.unit, 0)):
+        if value < least:
+            ap.error(f"{flag} must be >= {least}, got {value}")
     return args
 
 

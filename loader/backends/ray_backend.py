@@ -506,21 +506,24 @@ class RayClient:
         if self.closed:
             return
         self.closed = True
-        if isinstance(self.control, LocalControl):
-            self.get(self.control.close())
-            give_back(*self.readers)  # warm for this process's next loader
-            return
         try:
-            remaining = self.get(self.control.detach(self.where))
-            if remaining <= 0:
+            if isinstance(self.control, LocalControl):
+                self.get(self.control.close())
+            else:
+                self._detach()
+        finally:
+            if self.readers is not None:  # this process started them: warm for its next loader, named or not
+                give_back(*self.readers)
+
+    def _detach(self) -> None:
+        """Leave the named coordinator; the last loader to leave stops and kills it."""
+        try:
+            if self.get(self.control.detach(self.where)) <= 0:
                 self.get(self.control.close())  # reads still queued on the readers are cancelled
                 ray.kill(self.control.handle)
                 _wait_name_released(coordinator_name(self.config.name))  # before a new loader may reuse it
         except CoordinatorLost:  # already gone (its owner exited, it was killed, or it is cut off)
             pass
-        finally:
-            if self.readers is not None:  # this process started them: warm for its next loader, named or not
-                give_back(*self.readers)
 
 
 class RayStream(Stream):

@@ -38,7 +38,12 @@ def readahead_units(index: SourceIndex, readers: int) -> int:
     but no more than ``READ_AHEAD_BYTES`` of the largest row group decoded (at least one): row groups of 0.5 GB
     are read one ahead, not four (the memory a loader holds is the block, the window and this read-ahead)."""
     largest = max((u.nbytes for u in index.units), default=0)
-    return max(1, min(2 * readers, READ_AHEAD_BYTES // max(largest, 1)))
+    return max(1, min(2 * readers, _ahead(largest)))
+
+
+def _ahead(nbytes: int) -> int:
+    """Row groups decoding to ``nbytes`` that ``READ_AHEAD_BYTES`` holds (0 or more)."""
+    return READ_AHEAD_BYTES // max(nbytes, 1)
 
 
 _SLACK = 1024  # bytes fetched past a row group's last column chunk: pyarrow pads the chunks of some old writers'
@@ -159,7 +164,7 @@ def _decode_slices(index: SourceIndex, parquet: pq.ParquetFile, u) -> Decoded:
     out = _Filling(u.rows, {column: (leaves.get(column, 0), np.dtype(t.to_pandas_dtype()))
                             for column, t in index.lists})
     batch_rows = max(1, u.rows * SLICE_BYTES // max(u.nbytes, 1))
-    alone = READ_AHEAD_BYTES // max(u.nbytes, 1) < 2  # read one ahead at most (readahead_units): use every core
+    alone = _ahead(u.nbytes) < 2  # read one ahead at most (readahead_units): its decode may use every core
     for batch in parquet.iter_batches(batch_size=batch_rows, row_groups=[u.row_group], columns=_names(index),
                                       use_threads=alone):
         out.add(*_columns(index, batch))

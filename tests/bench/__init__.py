@@ -4,6 +4,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).parents[2] / "bench"
 
 
@@ -14,3 +16,10 @@ def load(name: str):
     module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def refused(module, argv: list[str], capsys) -> str:
+    """What ``module.parse_args(argv)`` says on stderr as it refuses ``argv`` (it must exit)."""
+    with pytest.raises(SystemExit):
+        module.parse_args(argv)
+    return capsys.readouterr().err

@@ -11,7 +11,7 @@ import pytest
 
 from loader.stages.decode import read_unit
 from tests.loader.helpers import synth
-from tests.bench import load
+from tests.bench import load, refused
 
 SCRIPT = Path(__file__).parents[2] / "bench" / "coldstart.py"
 bench_coldstart = load("coldstart")
@@ -23,9 +23,7 @@ bench_coldstart = load("coldstart")
     (["--rest", "-1"], "--rest must be >= 0, got -1.0"),
 ])
 def test_bad_arguments_name_the_value(argv, message, capsys):
-    with pytest.raises(SystemExit):
-        bench_coldstart.parse_args(argv)
-    assert message in capsys.readouterr().err
+    assert message in refused(bench_coldstart, argv, capsys)
 
 
 def test_decodes_the_loaders_first_block(tmp_path):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.bench import load
+from tests.bench import load, refused
 
 SCRIPT = Path(__file__).parents[2] / "bench" / "coordinator.py"
 bench_coordinator = load("coordinator")
@@ -23,9 +23,7 @@ bench_coordinator = load("coordinator")
     (["--max-seq-len", "0"], "--max-seq-len must be >= 1, got 0"),
 ])
 def test_bad_arguments_name_the_value(argv, message, capsys):
-    with pytest.raises(SystemExit):
-        bench_coordinator.parse_args(argv)
-    assert message in capsys.readouterr().err
+    assert message in refused(bench_coordinator, argv, capsys)
 
 
 def test_defaults_are_the_docs_projection():
