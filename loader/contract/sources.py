@@ -8,7 +8,9 @@ for an S3-compatible server). Files are read in the given order (directory and g
 each file once.
 
 The index lists every row group as a :class:`Unit` (file, row group, rows): the unit of reading,
-of shuffling and of ownership by reader actors. Every file's schema is checked against the data
+of shuffling and of ownership by reader actors. A row group decoding to more than ``PART_BYTES`` is listed
+as several units, its *parts*: consecutive row ranges of about ``PART_BYTES`` each, so that a shuffle block
+(and the memory a loader holds) need not be a whole row group (docs/loader.md, "Row groups in parts"). Every file's schema is checked against the data
 contract here, before any work; every file must carry the same event columns as the first.
 """
 
@@ -31,6 +33,7 @@ from loader.contract.schema import Columns, type_name, validate_schema
 PARQUET_SUFFIXES = (".parquet", ".pq")
 _WILDCARDS = "*?["
 _FOOTER_THREADS = 16
+PART_BYTES = 128 << 20  # a row group decoding to more than this is listed as parts of about this many bytes
 
 
 @dataclass(frozen=True)
@@ -72,13 +75,34 @@ _footers: OrderedDict[tuple, pq.FileMetaData] = OrderedDict()
 
 @dataclass(frozen=True)
 class Unit:
-    """Row group ``row_group`` of file ``file`` (an index into ``SourceIndex.files``), ``rows`` rows;
-    ``nbytes``: the uncompressed size of its carried columns, from the footer (about what it decodes to)."""
+    """Rows ``start .. start + rows - 1`` of row group ``row_group`` of file ``file`` (an index into
+    ``SourceIndex.files``): the whole row group, or part ``part`` of its ``parts``; ``nbytes``: the uncompressed
+    size of those rows' carried columns, from the footer (about what they decode to; a part's share)."""
 
     file: int
     row_group: int
     rows: int
     nbytes: int = 0
+    start: int = 0
+    part: int = 0
+    parts: int = 1
+
+    @property
+    def whole(self) -> bool:
+        return self.parts == 1
+
+
+def split_row_group(file: int, row_group: int, rows: int, nbytes: int) -> list[Unit]:
+    """Row group ``row_group`` as units: whole up to ``PART_BYTES``, else in parts of about ``PART_BYTES``
+    (equal row counts, the first ones a row longer; one row per part at most)."""
+    parts = max(1, min(rows, -(-nbytes // PART_BYTES)))
+    if parts == 1:
+        return [Unit(file, row_group, rows, nbytes)]
+    size, extra = divmod(rows, parts)
+    counts = [size + (p < extra) for p in range(parts)]
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).tolist()
+    return [Unit(file, row_group, n, nbytes * n // rows, start, p, parts)
+            for p, (start, n) in enumerate(zip(starts, counts))]
 
 
 @dataclass(frozen=True)
@@ -101,6 +125,13 @@ class SourceIndex:
         return sum(u.rows for u in self.units)
 
     @property
+    def groups(self) -> np.ndarray:
+        """The row group of each unit as consecutive ids from 0, int64 (U,): a row group's parts share one."""
+        keys = [(u.file, u.row_group) for u in self.units]
+        first = np.array([i == 0 or key != keys[i - 1] for i, key in enumerate(keys)], dtype=bool)
+        return np.cumsum(first).astype(np.int64) - 1
+
+    @property
     def timestamps(self) -> str | None:
         """The timestamps column, if the files carry one."""
         return self.columns.timestamps if self.columns.timestamps in dict(self.lists) else None
@@ -118,9 +149,10 @@ class SourceIndex:
         return replace(self, files=(self.files[u.file],), units=(replace(u, file=0),), skipped_files=())
 
     def describe(self, unit: int) -> str:
-        """``path (row group g)`` for messages."""
+        """``path (row group g)`` (or ``path (row group g, rows a-b)`` for a part) for messages."""
         u = self.units[unit]
-        return f"{self.files[u.file].path} (row group {u.row_group})"
+        rows = "" if u.whole else f", rows {u.start}-{u.start + u.rows - 1}"
+        return f"{self.files[u.file].path} (row group {u.row_group}{rows})"
 
 
 def index_source(source, *, columns: Columns = Columns(), skip_corrupt: bool = False) -> SourceIndex:
@@ -152,7 +184,7 @@ def index_source(source, *, columns: Columns = Columns(), skip_corrupt: bool = F
         _check_same_columns(file.path, carried, *reference)
         sizes = _carried_bytes(file.footer(), {columns.user, *carried})
         for group, rows in enumerate(row_counts):
-            units.append(Unit(file=len(kept), row_group=group, rows=rows, nbytes=sizes[group]))
+            units.extend(split_row_group(len(kept), group, rows, sizes[group]))
         kept.append(file)
     if reference is None:
         raise ValueError(

@@ -7,9 +7,10 @@ int64 (losslessly, as the schema check promised), features keep the first file's
 Reading is two steps, so that the bytes of one row group can be fetched while another decodes
 (a reader's read-ahead, :mod:`loader.backends.reader`): :func:`fetch_unit` reads the byte range of the row
 group's carried column chunks in one ranged read (one request to object storage), and
-:func:`decode_unit` decodes it from memory. A row group over ``SLICED_ABOVE`` is decoded in slices into
-arrays sized once (a local file's pages read as they are decoded, not fetched first): memory for the
-result and one slice, not the whole row group twice. File footers are read once per process and file
+:func:`decode_unit` decodes it from memory. A part of a row group (:data:`loader.contract.sources.PART_BYTES`)
+is not fetched: its rows are taken from the process's pass over the row group (:mod:`loader.stages.passes`),
+whose pages are read as they are decoded, ``SLICE_BYTES`` at a time, into arrays sized once: memory for the
+part and one slice, never the whole row group. File footers are read once per process and file
 (:meth:`loader.contract.sources.DataFile.footer`), not once per row group.
 """
 
@@ -23,27 +24,23 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from loader.stages.clean import Chunk, ListColumn, clean, corrupt
-from loader.contract.sources import SourceIndex, carried_chunks
+from loader.contract.sources import DataFile, SourceIndex, carried_chunks
+from loader.stages.passes import PASSES
 
 # What pyarrow raises for pages that do not decode (bad compression, garbled encodings, short reads).
 _DECODE_ERRORS = (pa.ArrowException, OSError)
 READ_AHEAD_BYTES = 512 << 20  # decoded row groups read ahead of the current shuffle block, at most (one at least)
-SLICED_ABOVE = 128 << 20  # a row group decoding to more than this is decoded in slices (docs/benchmarks.md "The whole
-SLICE_BYTES = 32 << 20  # matrix again"): of about this many bytes; half the peak memory of a whole decode
-STREAM_BUFFER = 1 << 20  # such a row group of a local file is read through a buffer of this many bytes, not held
+SLICE_BYTES = 32 << 20  # a part is decoded about this many bytes at a time (docs/benchmarks.md "The whole matrix
+STREAM_BUFFER = 1 << 20  # again"); its pages read through a buffer of this many bytes from a local file,
+REMOTE_BUFFER = 8 << 20  # and of this many from object storage (one request each)
 
 
 def readahead_units(index: SourceIndex, readers: int) -> int:
-    """Row groups to keep in flight beyond the current shuffle block: two per reader, so none waits for work,
-    but no more than ``READ_AHEAD_BYTES`` of the largest row group decoded (at least one): row groups of 0.5 GB
-    are read one ahead, not four (the memory a loader holds is the block, the window and this read-ahead)."""
+    """Units to keep in flight beyond the current shuffle block: two per reader, so none waits for work,
+    but no more than ``READ_AHEAD_BYTES`` of the largest unit decoded (at least one): the memory a loader holds
+    is the block, the window and this read-ahead."""
     largest = max((u.nbytes for u in index.units), default=0)
-    return max(1, min(2 * readers, _ahead(largest)))
-
-
-def _ahead(nbytes: int) -> int:
-    """Row groups decoding to ``nbytes`` that ``READ_AHEAD_BYTES`` holds (0 or more)."""
-    return READ_AHEAD_BYTES // max(nbytes, 1)
+    return max(1, min(2 * readers, READ_AHEAD_BYTES // max(largest, 1)))
 
 
 _SLACK = 1024  # bytes fetched past a row group's last column chunk: pyarrow pads the chunks of some old writers'
@@ -61,7 +58,7 @@ class RowGroupBytes:
     data: pa.Buffer | None
     metadata: pq.FileMetaData | None
     size: int = 0
-    streamed: bool = False  # nothing fetched: a large row group of a local file, decoded from the file in slices
+    streamed: bool = False  # nothing fetched: a part, taken from the process's pass over its row group
 
 
 def read_unit(index: SourceIndex, unit: int, *, max_seq_len: int | None, skip_corrupt: bool) -> Chunk:
@@ -72,13 +69,12 @@ def read_unit(index: SourceIndex, unit: int, *, max_seq_len: int | None, skip_co
 
 def fetch_unit(index: SourceIndex, unit: int, *, skip_corrupt: bool) -> RowGroupBytes:
     """The bytes of row group ``unit``'s carried column chunks, in one ranged read (pyarrow releases the GIL);
-    none for a row group over ``SLICED_ABOVE`` of a local file, whose pages :func:`decode_unit` reads as it
-    decodes them."""
+    none for a part of a row group, whose pages :func:`decode_unit` reads as it decodes them."""
     u = index.units[unit]
     file = index.files[u.file]
     try:
         metadata = file.footer()
-        if u.nbytes > SLICED_ABOVE and not file.remote:  # pages read as decoded, not held
+        if not u.whole:  # pages read as decoded, in one pass over the row group
             return RowGroupBytes(unit, 0, None, metadata, streamed=True)
         start, stop = _chunk_range(metadata.row_group(u.row_group), set(_names(index)))
         with file.filesystem.open_input_file(file.path) as stream:
@@ -98,12 +94,12 @@ def fetch_unit(index: SourceIndex, unit: int, *, skip_corrupt: bool) -> RowGroup
 
 def decode_unit(index: SourceIndex, fetched: RowGroupBytes, *, max_seq_len: int | None,
                 skip_corrupt: bool) -> Chunk:
-    """Decode, validate and truncate the row group ``fetched`` holds.
+    """Decode, validate and truncate the row group (or part) ``fetched`` holds.
 
-    A row group up to ``SLICED_ABOVE`` is decoded whole on the calling thread (``use_threads=False``): readers
+    A whole row group (up to ``PART_BYTES``) is decoded on the calling thread (``use_threads=False``): readers
     run side by side, one row group each, and pyarrow's own thread pool on top of them only adds switching
-    (about 10% more CPU). A larger one is decoded in slices on pyarrow's threads (:func:`_decode_slices`):
-    the read-ahead holds one or two such row groups (``READ_AHEAD_BYTES``), so one decode uses the cores.
+    (about 10% more CPU). A part is taken from the pass over its row group (:func:`_decode_part`), on pyarrow's
+    threads: the parts of a row group are decoded one after another, so one part's decode uses the cores.
     A row group that does not decode raises ValueError naming the file and row group, or with
     ``skip_corrupt`` comes back with every row marked corrupt (counted, never delivered).
     """
@@ -114,14 +110,11 @@ def decode_unit(index: SourceIndex, fetched: RowGroupBytes, *, max_seq_len: int 
     file = index.files[u.file]
     try:
         if fetched.streamed:
-            with file.filesystem.open_input_file(file.path) as source:
-                decoded = _decode_slices(index, pq.ParquetFile(source, metadata=fetched.metadata, pre_buffer=False,
-                                                               buffer_size=STREAM_BUFFER), u)
+            decoded = _decode_part(index, unit, file, fetched.metadata)
         else:
             parquet = pq.ParquetFile(pa.PythonFile(_RangeFile(fetched.data, fetched.start, fetched.size), mode="r"),
                                      metadata=fetched.metadata)
-            decoded = (_decode_slices(index, parquet, u) if u.nbytes > SLICED_ABOVE else
-                       _columns(index, parquet.read_row_group(u.row_group, columns=_names(index), use_threads=False)))
+            decoded = _columns(index, parquet.read_row_group(u.row_group, columns=_names(index), use_threads=False))
     except FileNotFoundError as exc:
         raise FileNotFoundError(f"{file.path}: the file disappeared after the loader indexed it") from exc
     except _DECODE_ERRORS as exc:
@@ -153,26 +146,45 @@ def _whole(column: pa.ChunkedArray | pa.Array) -> pa.Array:
     return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
 
 
-def _decode_slices(index: SourceIndex, parquet: pq.ParquetFile, u) -> Decoded:
-    """A row group decoding to more than ``SLICED_ABOVE``, decoded ``SLICE_BYTES`` at a time into arrays sized
-    once from its footer (rows; a list column's leaf values, which bound its events): pyarrow's builders never
-    grow to the whole row group, and no second copy of it is built (about 1.3 GB at the peak of a 0.5 GB row
-    group decoded whole, against its 0.5 GB plus a slice's)."""
-    group = parquet.metadata.row_group(u.row_group)
-    leaves = {chunk.path_in_schema.split(".", 1)[0]: chunk.num_values
-              for chunk in carried_chunks(group, {column for column, _ in index.lists})}
-    out = _Filling(u.rows, {column: (leaves.get(column, 0), np.dtype(t.to_pandas_dtype()))
-                            for column, t in index.lists})
-    batch_rows = max(1, u.rows * SLICE_BYTES // max(u.nbytes, 1))
-    alone = _ahead(u.nbytes) < 2  # read one ahead at most (readahead_units): its decode may use every core
-    for batch in parquet.iter_batches(batch_size=batch_rows, row_groups=[u.row_group], columns=_names(index),
-                                      use_threads=alone):
-        out.add(*_columns(index, batch))
-    return out.result()
+def _decode_part(index: SourceIndex, unit: int, file: DataFile, metadata: pq.FileMetaData) -> Decoded:
+    """Part ``unit`` of a row group, taken from this process's pass over it (:mod:`loader.stages.passes`;
+    opened, or opened again from the row group's start, where it does not stand at the part's first row),
+    ``SLICE_BYTES`` at a time into arrays sized once from the footer (rows; the row group's leaf values, which
+    bound a part's events; untouched memory beyond what the part fills is never resident)."""
+    u = index.units[unit]
+    group = metadata.row_group(u.row_group)
+    names = _names(index)
+    key = (file.filesystem.type_name, file.path, file.size, u.row_group, tuple(names))
+    run = PASSES.acquire(key, u.start)
+    done = True  # unless the part ends before the row group: a failed pass is closed
+    try:
+        if run.batches is None or run.row > u.start:
+            source = file.filesystem.open_input_file(file.path)
+            parquet = pq.ParquetFile(source, metadata=metadata, pre_buffer=False,
+                                     buffer_size=REMOTE_BUFFER if file.remote else STREAM_BUFFER)
+            batch_rows = max(1, u.rows * SLICE_BYTES // max(u.nbytes, 1))
+            run.restart(parquet.iter_batches(batch_size=batch_rows, row_groups=[u.row_group], columns=names,
+                                             use_threads=True), source.close)
+        leaves = {chunk.path_in_schema.split(".", 1)[0]: chunk.num_values
+                  for chunk in carried_chunks(group, {column for column, _ in index.lists})}
+        out = _Filling(u.rows, {column: (leaves.get(column, 0), np.dtype(t.to_pandas_dtype()))
+                                for column, t in index.lists})
+        try:
+            for _ in run.take(u.start - run.row):  # the rows of earlier parts, where this pass did not take them
+                pass
+            for batch in run.take(u.rows):
+                out.add(*_columns(index, batch))
+        except ValueError as exc:
+            raise ValueError(f"{index.describe(unit)}: its row group {exc}; the file changed: construct the "
+                             "loader again") from None
+        done = run.row >= group.num_rows
+        return out.result()
+    finally:
+        PASSES.release(key, run, done=done)
 
 
 class _Filling:
-    """A row group's carried columns filled slice by slice into arrays allocated once: ``rows`` rows, and a list
+    """A part's carried columns filled slice by slice into arrays allocated once: ``rows`` rows, and a list
     column's values sized from its ``leaves`` (a footer's leaf count bounds its events); grown should a footer
     undercount (the row count is checked after)."""
 

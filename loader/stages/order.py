@@ -2,7 +2,9 @@
 
 Two levels, so memory stays at a window of row groups however large the dataset:
 
-1. the units (row groups) are permuted with a seeded generator;
+1. the units (row groups) are permuted with a seeded generator; the parts of a row group listed in parts
+   (:data:`loader.contract.sources.PART_BYTES`) move together and stay in row order, so one reader decodes
+   them in a single pass;
 2. consecutive units of that order are grouped into *blocks* of at least ``window`` rows, and the
    rows of each block are permuted, so samples of a block mix across its row groups.
 
@@ -69,13 +71,23 @@ class EpochOrder:
         return member, position - starts[member]
 
 
-def epoch_order(unit_rows: np.ndarray, *, seed: int, epoch: int, shuffle: bool, window: int) -> EpochOrder:
-    """The order of epoch ``epoch`` over units of ``unit_rows`` (U,) rows, blocks of >= ``window`` rows."""
+def epoch_order(unit_rows: np.ndarray, *, seed: int, epoch: int, shuffle: bool, window: int,
+                groups: np.ndarray | None = None) -> EpochOrder:
+    """The order of epoch ``epoch`` over units of ``unit_rows`` (U,) rows, blocks of >= ``window`` rows.
+
+    ``groups`` (U,): the row group of each unit, consecutive ids from 0 (:attr:`SourceIndex.groups`; default:
+    every unit its own). Row groups are permuted; a row group's units follow one another in index order. With
+    one unit per row group this is the permutation of the units themselves."""
     unit_rows = np.asarray(unit_rows, dtype=np.int64)
+    groups = np.arange(len(unit_rows), dtype=np.int64) if groups is None else np.asarray(groups, dtype=np.int64)
+    first = np.searchsorted(groups, np.arange(int(groups[-1]) + 2 if len(groups) else 1))  # (G + 1,) unit bounds
     if shuffle:
-        units = np.random.default_rng([seed, epoch, _UNITS]).permutation(len(unit_rows)).astype(np.int64)
+        picked = np.random.default_rng([seed, epoch, _UNITS]).permutation(len(first) - 1).astype(np.int64)
     else:
-        units = np.arange(len(unit_rows), dtype=np.int64)
+        picked = np.arange(len(first) - 1, dtype=np.int64)
+    sizes = np.diff(first)[picked]
+    units = np.repeat(first[:-1][picked] - np.concatenate([[0], np.cumsum(sizes)[:-1]]), sizes) + np.arange(
+        len(unit_rows), dtype=np.int64)
     block_units = cut_blocks(unit_rows[units], window)
     cumulative = np.concatenate([[0], np.cumsum(unit_rows[units])]).astype(np.int64)  # (U + 1,)
     return EpochOrder(units, block_units, cumulative[block_units], seed, epoch, shuffle)

@@ -136,9 +136,10 @@ class EpochRun:
         self.epoch = epoch
         self.layout = layout if layout is not None and layout.nodes > 1 else None
         self.unit_rows = np.array([u.rows for u in index.units], dtype=np.int64)
+        self.groups = index.groups  # (U,) the row group of each unit (a row group in parts: several units)
         self.order = epoch_order(
             self.unit_rows, seed=config.seed, epoch=epoch, shuffle=config.shuffle,
-            window=config.block_rows(self.unit_rows)
+            window=config.block_rows(self.unit_rows), groups=self.groups
         )
         if not 0 <= start.cursor <= self.order.rows:
             raise ValueError(f"resume cursor {start.cursor} is outside epoch {epoch} of {self.order.rows} rows")
@@ -165,11 +166,15 @@ class EpochRun:
         """Home node of each unit of ``block`` (as :meth:`units`), int64 (k,); -1 without a layout.
 
         A function of the block's units and the layout only: the reader that reads a unit never
-        changes the plan, only the traffic."""
+        changes the plan, only the traffic. The parts of a row group in the block share a home (one reader
+        decodes them in one pass)."""
         units = self.order.units_of(block)
-        if self.layout is None:
+        if self.layout is None or not len(units):
             return np.full(len(units), -1, dtype=np.int64)
-        return self.layout.assign_homes(self.unit_rows[units])
+        groups = self.groups[units]
+        group = np.cumsum(np.concatenate([[True], groups[1:] != groups[:-1]])) - 1  # (k,) within the block
+        rows = np.bincount(group, weights=self.unit_rows[units]).astype(np.int64)
+        return self.layout.assign_homes(rows)[group]
 
     def feed(self, block: int, metas: list[UnitMeta]) -> Iterator[PlannedStep]:
         """Visit the block's rows (from the cursor on) given its units' metas; yield closed steps."""

@@ -1,6 +1,9 @@
-"""A row group decoded in slices (large row groups, ``SLICED_ABOVE``) equals the same row group decoded whole."""
+"""A row group read in parts (row groups over ``PART_BYTES``, one pass over each) equals the same row group
+decoded whole, whatever order its parts are asked in."""
 
 import itertools
+import random
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
@@ -9,9 +12,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from loader.contract import sources
 from loader.contract.sources import index_source
 from loader.stages import decode
-from loader.stages.clean import CORRUPT, ListColumn
+from loader.stages.clean import CORRUPT, VALID, ListColumn
 
 from .helpers import corrupt_row_group, synth
 
@@ -35,40 +39,52 @@ def _write(tmp_path, rows, item_type, group_rows) -> str:
     return str(path)
 
 
-def _decoded(index, unit, slice_bytes, monkeypatch, max_seq_len):
-    """``unit`` read whole (``slice_bytes`` None) or in slices of ``slice_bytes`` (the setting left so)."""
-    _slices(monkeypatch, slice_bytes)
+def _index(path, monkeypatch, part_bytes=None):
+    """``path``'s index with row groups whole (``part_bytes`` None) or in parts of about ``part_bytes``."""
+    monkeypatch.setattr(sources, "PART_BYTES", 2**62 if part_bytes is None else max(1, part_bytes))
+    return index_source(path)
+
+
+def _read(index, unit, max_seq_len=None):
     return decode.read_unit(index, unit, max_seq_len=max_seq_len, skip_corrupt=False)
 
 
-@given(rows=st.lists(row, min_size=1, max_size=40), group_rows=st.integers(1, 17), slice_share=st.floats(0, 0.99),
+@given(rows=st.lists(row, min_size=1, max_size=40), group_rows=st.integers(1, 17), part_share=st.floats(0, 1),
+       slice_share=st.floats(0, 1), order=st.sampled_from(["forward", "backward", "shuffled"]),
        item_type=st.sampled_from([pa.list_(pa.int64()), pa.list_(pa.int32()), pa.large_list(pa.int64())]),
        max_seq_len=st.none() | st.integers(1, 4))
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-def test_slices_equal_whole(tmp_path, monkeypatch, rows, group_rows, slice_share, item_type, max_seq_len):
-    index = index_source(_write(tmp_path, rows, item_type, group_rows))
-    for unit in range(len(index.units)):
-        whole = _decoded(index, unit, None, monkeypatch, max_seq_len)
-        # below the row group's size: decoded in slices (of one row at 0)
-        slice_bytes = int(index.units[unit].nbytes * slice_share)
-        streamed = _decoded(index, unit, slice_bytes, monkeypatch, max_seq_len)  # a local file: read as decoded
-        _slices(monkeypatch, None)
-        fetched = decode.fetch_unit(index, unit, skip_corrupt=False)  # as from object storage: the bytes first
-        _slices(monkeypatch, slice_bytes)
-        from_memory = decode.decode_unit(index, fetched, max_seq_len=max_seq_len, skip_corrupt=False)
-        for sliced in (streamed, from_memory):
-            _same(whole, sliced)
+def test_parts_equal_whole(tmp_path, monkeypatch, rows, group_rows, part_share, slice_share, order, item_type,
+                           max_seq_len):
+    path = _write(tmp_path, rows, item_type, group_rows)
+    whole_index = _index(path, monkeypatch)
+    largest = max(u.nbytes for u in whole_index.units)
+    index = _index(path, monkeypatch, int(largest * part_share))
+    monkeypatch.setattr(decode, "SLICE_BYTES", int(largest * slice_share))
+    monkeypatch.setattr("loader.stages.passes.GRACE_S", 0.0)
+    units = list(range(len(index.units)))
+    if order == "backward":
+        units.reverse()
+    elif order == "shuffled":
+        random.Random(len(rows)).shuffle(units)
+    got = {unit: _read(index, unit, max_seq_len) for unit in units}
+    assert [(u.file, u.row_group) for u in index.units] == sorted((u.file, u.row_group) for u in index.units)
+    for g, w in enumerate(whole_index.units):
+        whole = _read(whole_index, g, max_seq_len)
+        parts = [i for i, u in enumerate(index.units) if u.row_group == w.row_group]
+        assert [index.units[i].start for i in parts] == np.cumsum([0] + [index.units[i].rows for i in parts])[:-1].tolist()
+        assert sum(index.units[i].rows for i in parts) == w.rows
+        for i in parts:
+            u = index.units[i]
+            status = whole.status[u.start : u.start + u.rows]
+            first = int(np.count_nonzero(whole.status[: u.start] == VALID))
+            expected = whole.rows.slice(first, first + int(np.count_nonzero(status == VALID)))
+            _same(status, expected, got[i])
 
 
-def _slices(monkeypatch, slice_bytes):
-    """Row groups decoded whole (``slice_bytes`` None), or every one in slices of ``slice_bytes``."""
-    monkeypatch.setattr(decode, "SLICED_ABOVE", 2**62 if slice_bytes is None else -1)
-    monkeypatch.setattr(decode, "SLICE_BYTES", slice_bytes or 0)
-
-
-def _same(whole, sliced):
-    assert sliced.status.tolist() == whole.status.tolist()
-    a, b = whole.rows, sliced.rows
+def _same(status, rows, chunk):
+    assert chunk.status.tolist() == status.tolist()
+    a, b = rows, chunk.rows
     assert b.user_ids.tolist() == a.user_ids.tolist()
     assert b.offsets.tolist() == a.offsets.tolist()
     assert b.cut.tolist() == a.cut.tolist()
@@ -99,45 +115,80 @@ def test_filling_grows_past_an_undercounting_footer():
     assert items.event_null.tolist() == [False, False, False, True, False]
 
 
-def test_large_row_groups_are_decoded_in_slices(tmp_path, monkeypatch):
-    """A row group over ``SLICED_ABOVE`` goes through pyarrow's batch reader, several slices of it."""
-    path = _write(tmp_path, [(i, [i] * 5, [i] * 5) for i in range(100)], pa.list_(pa.int64()), 100)
-    index = index_source(path)
-    batches = []
+def _counting(monkeypatch):
+    """Rows of every batch pyarrow's batch reader gives, one list per pass opened."""
+    passes = []
     real = pq.ParquetFile.iter_batches
 
     def counted(self, *args, **kwargs):
+        passes.append([])
         for batch in real(self, *args, **kwargs):
-            batches.append(batch.num_rows)
+            passes[-1].append(batch.num_rows)
             yield batch
 
     monkeypatch.setattr(pq.ParquetFile, "iter_batches", counted)
-    monkeypatch.setattr(decode, "SLICED_ABOVE", index.units[0].nbytes - 1)
-    monkeypatch.setattr(decode, "SLICE_BYTES", index.units[0].nbytes // 4)
-    chunk = decode.read_unit(index, 0, max_seq_len=None, skip_corrupt=False)
-    assert chunk.rows.user_ids.tolist() == list(range(100))
-    assert len(batches) >= 4 and sum(batches) == 100
-    batches.clear()
-    monkeypatch.setattr(decode, "SLICED_ABOVE", index.units[0].nbytes)
-    decode.read_unit(index, 0, max_seq_len=None, skip_corrupt=False)
-    assert batches == []
+    return passes
 
 
-@pytest.mark.parametrize("slice_bytes", [0, None])
-def test_a_changed_row_count_is_named_either_way(tmp_path, monkeypatch, slice_bytes):
+def test_a_large_row_group_is_read_in_parts_in_one_pass(tmp_path, monkeypatch):
+    """Over ``PART_BYTES`` a row group is listed as parts; read in order they take one pass over it, in
+    slices; a whole row group is read without one."""
+    path = _write(tmp_path, [(i, [i] * 5, [i] * 5) for i in range(100)], pa.list_(pa.int64()), 100)
+    nbytes = _index(path, monkeypatch).units[0].nbytes
+    index = _index(path, monkeypatch, -(-nbytes // 4))
+    assert [(u.start, u.rows, u.part, u.parts) for u in index.units] == [(0, 25, 0, 4), (25, 25, 1, 4),
+                                                                         (50, 25, 2, 4), (75, 25, 3, 4)]
+    assert index.describe(2) == f"{path} (row group 0, rows 50-74)"
+    monkeypatch.setattr(decode, "SLICE_BYTES", nbytes // 10)
+    passes = _counting(monkeypatch)
+    users = [_read(index, unit).rows.user_ids.tolist() for unit in range(4)]
+    assert users == [list(range(25 * p, 25 * p + 25)) for p in range(4)]
+    assert len(passes) == 1 and sum(passes[0]) == 100 and len(passes[0]) >= 8
+    assert not [key for key in decode.PASSES.passes if key[1] == path]  # read to its end: closed
+    passes.clear()
+    _read(_index(path, monkeypatch), 0)
+    assert passes == []
+
+
+def test_a_part_asked_again_or_out_of_order_reads_the_row_group_again(tmp_path, monkeypatch):
+    path = _write(tmp_path, [(i, [i], [i]) for i in range(40)], pa.list_(pa.int64()), 40)
+    index = _index(path, monkeypatch, -(-_index(path, monkeypatch).units[0].nbytes // 4))  # 4 parts
+    monkeypatch.setattr("loader.stages.passes.GRACE_S", 0.0)
+    passes = _counting(monkeypatch)
+    assert _read(index, 2).rows.user_ids.tolist() == list(range(20, 30))
+    assert _read(index, 1).rows.user_ids.tolist() == list(range(10, 20))  # behind the pass: a new one
+    assert _read(index, 2).rows.user_ids.tolist() == list(range(20, 30))  # continues it
+    assert _read(index, 2).rows.user_ids.tolist() == list(range(20, 30))  # asked again: a new one
+    assert len(passes) == 3
+
+
+def test_parts_asked_from_threads_in_any_order_are_each_right(tmp_path, monkeypatch):
+    """Reader threads asking a row group's parts at once, in any order, each get their own rows."""
+    path = _write(tmp_path, [(i, [i] * (1 + i % 7), [i] * (1 + i % 7)) for i in range(300)], pa.list_(pa.int64()), 100)
+    index = _index(path, monkeypatch, -(-_index(path, monkeypatch).units[0].nbytes // 5))
+    units = list(range(len(index.units))) * 2
+    random.Random(0).shuffle(units)
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda unit: (unit, _read(index, unit).rows.user_ids.tolist()), units))
+    for unit, users in got:
+        u = index.units[unit]
+        assert users == list(range(100 * u.row_group + u.start, 100 * u.row_group + u.start + u.rows))
+
+
+@pytest.mark.parametrize("part_bytes", [1, None])
+def test_a_changed_row_count_is_named_either_way(tmp_path, monkeypatch, part_bytes):
     path = _write(tmp_path, [(i, [i], [i]) for i in range(6)], pa.list_(pa.int64()), 6)
-    index = index_source(path)
+    index = _index(path, monkeypatch, part_bytes)
     pq.write_table(pa.table({"user_id": pa.array([1], pa.int64()), "item_ids": pa.array([[1]]),
                              "timestamps": pa.array([[1]])}), path)
-    _slices(monkeypatch, slice_bytes)
     with pytest.raises((ValueError, OSError), match="changed|outside|past"):
-        decode.read_unit(index, 0, max_seq_len=None, skip_corrupt=False)
+        for unit in range(len(index.units)):
+            _read(index, unit)
 
 
-def test_a_file_gone_before_a_streamed_read_is_named(tmp_path, monkeypatch):
+def test_a_file_gone_before_a_part_is_read_is_named(tmp_path, monkeypatch):
     path = _write(tmp_path, [(i, [i], [i]) for i in range(6)], pa.list_(pa.int64()), 6)
-    index = index_source(path)
-    _slices(monkeypatch, 0)
+    index = _index(path, monkeypatch, 1)
     fetched = decode.fetch_unit(index, 0, skip_corrupt=False)
     assert fetched.streamed and fetched.data is None
     (tmp_path / path.rsplit("/", 1)[1]).unlink()
@@ -145,15 +196,17 @@ def test_a_file_gone_before_a_streamed_read_is_named(tmp_path, monkeypatch):
         decode.decode_unit(index, fetched, max_seq_len=None, skip_corrupt=True)
 
 
-@pytest.mark.parametrize("slice_bytes", [0, 64, None])
-def test_a_corrupt_row_group_is_named_or_skipped_in_slices_too(tmp_path, monkeypatch, slice_bytes):
+@pytest.mark.parametrize("part_bytes", [1, 600, None])
+def test_a_corrupt_row_group_is_named_or_skipped_in_parts_too(tmp_path, monkeypatch, part_bytes):
     data = synth(tmp_path / "d", users=60, files=1, rows_per_group=20)
     broken = data / "part-00000.parquet"
     lost = corrupt_row_group(broken, 1)
-    index = index_source(str(data))
-    _slices(monkeypatch, slice_bytes)
-    with pytest.raises(ValueError, match=r"\(row group 1\): cannot be decoded .*skip_corrupt=True"):
-        decode.read_unit(index, 1, max_seq_len=None, skip_corrupt=False)
-    skipped = decode.read_unit(index, 1, max_seq_len=None, skip_corrupt=True)
-    assert skipped.status.tolist() == [CORRUPT] * lost and len(skipped.rows.user_ids) == 0
-    assert len(decode.read_unit(index, 0, max_seq_len=None, skip_corrupt=False).rows.user_ids) == 20
+    index = _index(str(data), monkeypatch, part_bytes)
+    parts = [i for i, u in enumerate(index.units) if u.row_group == 1]
+    with pytest.raises(ValueError, match=r"\(row group 1(, rows \d+-\d+)?\): cannot be decoded .*skip_corrupt=True"):
+        _read(index, parts[0])
+    skipped = [decode.read_unit(index, i, max_seq_len=None, skip_corrupt=True) for i in parts]
+    assert sum(len(s.status) for s in skipped) == lost
+    assert all(s.status.tolist() == [CORRUPT] * len(s.status) and len(s.rows.user_ids) == 0 for s in skipped)
+    first = [i for i, u in enumerate(index.units) if u.row_group == 0]
+    assert sum(len(_read(index, i).rows.user_ids) for i in first) == 20
