@@ -1,16 +1,18 @@
-"""One row group read whole against in slices (``loader.stages.decode``): CPU, wall and peak memory per shape.
+"""One row group read whole against in parts (``loader.stages.decode``): CPU, wall and peak memory per shape.
 
-``decode_unit`` decodes a row group over ``SLICED_ABOVE`` in slices of ``SLICE_BYTES`` into arrays sized once
-from its footer, a local file's pages read as decoded; smaller ones whole. This bench reads one row group of
-each of bench/ingest.py's shapes (plain-pyarrow files, written if missing) three ways, each in a fresh
-process (``spawn``) so that its peak memory is its own:
+A row group decoding to more than ``PART_BYTES`` is listed as parts, each taken from one pass over the row group,
+``SLICE_BYTES`` of rows at a time into arrays sized once, a local file's pages read as decoded; smaller ones are
+decoded whole. This bench reads one row group of each of bench/ingest.py's shapes (plain-pyarrow files, written
+if missing) three ways, each in a fresh process (``spawn``) so that its peak memory is its own:
 
-- ``whole``: fetched in one ranged read, decoded whole on one thread (what every row group got before);
-- ``sliced``: in slices, whatever its size (threads as the loader would use for that size);
-- ``loader``: what ``read_unit`` does by default for that size.
+- ``whole``: fetched in one ranged read, decoded whole on one thread (what every row group got before parts);
+- ``parts``: in parts of at most ``PART_BYTES``, at least two, whatever its size (read one after another, the
+  previous part dropped, as a loader's memory sees them; pyarrow's threads, as the loader uses for parts);
+- ``loader``: what the loader does by default for that size (whole up to ``PART_BYTES``, else in parts).
 
-Per way: CPU-s and wall of ``read_unit`` (the median of ``--repeats``, after one untimed read), and the peak
-memory rise of the process over its first read (``VmHWM`` after, less ``VmRSS`` before; the result included).
+Per way: CPU-s and wall of reading every unit of the row group (the median of ``--repeats``, after one untimed
+read), and the peak memory rise of the process over its first read (``VmHWM`` after, less ``VmRSS`` before; the
+results included).
 
 Run (repository root, quiet machine, about a minute):
 
@@ -32,7 +34,7 @@ if str(REPO) not in sys.path:  # bench/ingest.py's datasets
 
 from freescale.provenance import emit, machine  # noqa: E402
 
-WAYS = ("whole", "sliced", "loader")
+WAYS = ("whole", "parts", "loader")
 
 
 def _status_mib(key: str) -> float:
@@ -43,28 +45,39 @@ def _status_mib(key: str) -> float:
     raise RuntimeError(f"no {key} in /proc/self/status")
 
 
-def _read(path: str, unit: int, way: str, repeats: int) -> dict:
-    """In a fresh process: ``repeats`` + 1 reads of ``unit`` of ``path`` the given way."""
-    from loader.contract.sources import index_source
+def _read(path: str, group: int, way: str, repeats: int) -> dict:
+    """In a fresh process: ``repeats`` + 1 reads of row group ``group`` of ``path`` (every unit of it) the given way."""
+    from loader.contract import sources
     from loader.stages import decode
 
     if way == "whole":
-        decode.SLICED_ABOVE = 2**62
-    elif way == "sliced":
-        decode.SLICED_ABOVE = -1
-    index = index_source(path)
+        sources.PART_BYTES = 2**62
+    index = sources.index_source(path)
+    if way == "parts":
+        largest = max(u.nbytes for u in index.units)
+        sources.PART_BYTES = min(sources.PART_BYTES, -(-largest // 2))
+        index = sources.index_source(path)
+    units = [i for i, u in enumerate(index.units) if (u.file, u.row_group) == _nth_group(index, group)]
     before = _status_mib("VmRSS")
     cpu, wall = [], []
     for _ in range(repeats + 1):
         start_cpu, start = time.process_time(), time.perf_counter()
-        chunk = decode.read_unit(index, unit, max_seq_len=None, skip_corrupt=False)
+        for unit in units:
+            chunk = decode.read_unit(index, unit, max_seq_len=None, skip_corrupt=False)
+            del chunk
         cpu.append(time.process_time() - start_cpu)
         wall.append(time.perf_counter() - start)
         if len(cpu) == 1:
             rise = _status_mib("VmHWM") - before
-        del chunk
     return {"cpu_s": statistics.median(cpu[1:]), "wall_s": statistics.median(wall[1:]), "peak_rise_mib": rise,
-            "unit_mib": index.units[unit].nbytes / 2**20, "rows": index.units[unit].rows}
+            "unit_mib": sum(index.units[u].nbytes for u in units) / 2**20,
+            "rows": sum(index.units[u].rows for u in units), "units": len(units)}
+
+
+def _nth_group(index, group: int) -> tuple[int, int]:
+    """(file, row group) of the ``group``-th row group of ``index``."""
+    keys = list(dict.fromkeys((u.file, u.row_group) for u in index.units))
+    return keys[group]
 
 
 def parse_args(argv) -> argparse.Namespace:
@@ -90,12 +103,13 @@ def parse_args(argv) -> argparse.Namespace:
 
 def main(argv=None) -> dict:
     from bench.ingest import DATA_ROOT, SHAPES, synth_dataset
-    from loader.stages.decode import SLICE_BYTES, SLICED_ABOVE
+    from loader.contract.sources import PART_BYTES
+    from loader.stages.decode import SLICE_BYTES
 
     args = parse_args(argv)
     ctx = mp.get_context("spawn")
     rows = []
-    print(f"SLICED_ABOVE {SLICED_ABOVE >> 20} MiB, SLICE_BYTES {SLICE_BYTES >> 20} MiB; median of {args.repeats}")
+    print(f"PART_BYTES {PART_BYTES >> 20} MiB, SLICE_BYTES {SLICE_BYTES >> 20} MiB; median of {args.repeats}")
     print(f"{'dataset':>8} {'MiB':>5} {'rows':>7} " + " ".join(f"{w + ' CPU s':>13} {'wall s':>7} {'peak MiB':>8}"
                                                               for w in WAYS))
     sources = [(Path(path).name, path) for path in args.data]
@@ -112,8 +126,9 @@ def main(argv=None) -> dict:
                                                      if k not in ("unit_mib", "rows")} for way in WAYS}})
         print(f"{name:>8} {first['unit_mib']:5.0f} {first['rows']:7d} " + " ".join(
             f"{got[w]['cpu_s']:13.3f} {got[w]['wall_s']:7.3f} {got[w]['peak_rise_mib']:8.0f}" for w in WAYS))
-    return emit({"rows": rows, "sliced_above": SLICED_ABOVE, "slice_bytes": SLICE_BYTES}, args, repo=REPO,
-                paths=["loader/stages/decode.py", "bench/decode.py"], extra={"machine": machine("pyarrow")})
+    return emit({"rows": rows, "part_bytes": PART_BYTES, "slice_bytes": SLICE_BYTES}, args, repo=REPO,
+                paths=["loader/stages/decode.py", "loader/stages/passes.py", "bench/decode.py"],
+                extra={"machine": machine("pyarrow")})
 
 
 if __name__ == "__main__":

@@ -98,6 +98,7 @@ class RayReaders:
         self.config = config
         self.liveness = config.liveness_timeout
         self.dtypes = index.roles[0]
+        self.groups = index.groups  # (U,) row group of each unit: a row group's parts go to one reader
         self.tag = loader_tag(config.name)
         self.readers: list = []
         self.nodes: list[str] = []
@@ -123,16 +124,16 @@ class RayReaders:
         here = [i for i, n in enumerate(self.nodes) if n == node]
         return here or list(range(len(self.readers)))
 
-    async def _call(self, candidates: list[int], what: str, call):
-        """``call(i)`` on the least busy candidate reader i; when that reader died, on the least busy
-        of the others (the dead one restarts meanwhile), up to READ_ATTEMPTS times, within the
+    async def _call(self, candidates: list[int], what: str, call, prefer: int | None = None):
+        """``call(i)`` on candidate reader ``prefer`` if given, else on the least busy one; when that reader died,
+        on the least busy of the others (the dead one restarts meanwhile), up to READ_ATTEMPTS times, within the
         liveness timeout."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.liveness
         tried: set[int] = set()
         for attempt in range(READ_ATTEMPTS):
             untried = [i for i in candidates if i not in tried] or candidates
-            owner = min(untried, key=lambda i: (self.busy[i], i))
+            owner = prefer if prefer in untried else min(untried, key=lambda i: (self.busy[i], i))
             self.busy[owner] += 1
             try:
                 return await asyncio.wait_for(call(owner), max(0.0, deadline - loop.time()))
@@ -163,7 +164,10 @@ class RayReaders:
                 self.inflight.discard(call)
             return Fetched(meta, Held(ref, i, pid, self.nodes[i]), self.nodes[i])
 
-        return await self._call(self._on(node), self.index.describe(unit), read)
+        candidates = self._on(node)
+        # the parts of a row group on one reader of the node, which decodes them in one pass
+        prefer = None if self.index.units[unit].whole else candidates[self.groups[unit] % len(candidates)]
+        return await self._call(candidates, self.index.describe(unit), read, prefer)
 
     async def pack(self, node, pieces: dict, handles: dict[int, Held]) -> Packed | Lost:
         """Pack ``pieces`` on a reader of ``node``, where ``handles``' rows are held."""

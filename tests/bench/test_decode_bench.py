@@ -33,5 +33,6 @@ def test_reads_one_row_group_each_way(tmp_path):
                     "--json-out", str(out)], check=True, env=env, timeout=300, capture_output=True)
     (row,) = json.loads(out.read_text())["rows"]
     assert row["rows"] == 20 and row["unit"] == 2
+    assert row["whole"]["units"] == row["loader"]["units"] == 1 and row["parts"]["units"] >= 2
     for way in bench_decode.WAYS:
         assert row[way]["cpu_s"] > 0 and row[way]["wall_s"] > 0 and "peak_rise_mib" in row[way], way

@@ -11,7 +11,9 @@ from hypothesis import strategies as st
 
 from balancer import CostModel
 from loader import SequenceLoader
+from loader.contract import sources
 from loader.contract.schema import Columns
+from loader.stages.pipeline import EpochRun
 
 from .helpers import (assert_resume_equal, check_layout, collect, corrupt_row_group, histories, messy, record,
                       source_histories, synth)
@@ -41,11 +43,13 @@ def _loader(source, **kwargs):
     drop_last=st.booleans(),
     equal_count=st.booleans(),
     max_seq_len=st.none() | st.integers(1, 30),
+    part_bytes=st.sampled_from([None, 400, 3000]),
 )
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-def test_every_valid_row_exactly_once(messy_data, ranks, microbatches, samples_per_step, window, seed, shuffle,
-                                      drop_last, equal_count, max_seq_len):
+def test_every_valid_row_exactly_once(messy_data, monkeypatch, ranks, microbatches, samples_per_step, window, seed,
+                                      shuffle, drop_last, equal_count, max_seq_len, part_bytes):
     path, skipped = messy_data
+    monkeypatch.setattr(sources, "PART_BYTES", part_bytes or 2**62)  # row groups whole, or listed in parts
     expected = source_histories(path, max_seq_len)
     full = source_histories(path)
     with _loader(path, ranks=ranks, microbatches=microbatches, samples_per_step=samples_per_step,
@@ -199,6 +203,26 @@ def test_resume_after_every_step_in_process(data):
 def test_resume_inside_and_between_composition_windows(data, window):
     for stop_after in range(0, 10):
         assert_resume_equal(data, {**KWARGS, "compose_window": window}, stop_after=stop_after, spawn=False)
+
+
+def test_row_groups_in_parts_keep_their_parts_in_row_order_exactly_once_and_resume(data, monkeypatch):
+    """Row groups listed in parts: each block's parts of one row group follow one another in row order, every
+    row comes once, the same seed gives the same batches, and a resume inside a row group's parts is exact."""
+    monkeypatch.setattr(sources, "PART_BYTES", 300)
+    index = sources.index_source(data)
+    assert max(u.parts for u in index.units) >= 3 and len(index.units) > 7  # 7 row groups of up to 30 rows
+    kwargs = dict(ranks=2, microbatches=2, samples_per_step=11, shuffle_window=8, seed=4)
+    with _loader(data, **kwargs) as loader, _loader(data, **kwargs) as again:
+        steps = collect(loader)
+        assert collect(again) == steps
+        order = EpochRun(index, loader.config, epoch=0).order.units.tolist()
+    assert histories(steps) == source_histories(data)
+    for unit in range(len(index.units)):  # a part's successor in the order is the next part of its row group
+        u = index.units[unit]
+        if u.part + 1 < u.parts:
+            assert order[order.index(unit) + 1] == unit + 1
+    for stop_after in (3, 8, 13):
+        assert_resume_equal(data, {**KWARGS, "shuffle_window": 8}, stop_after=stop_after, spawn=False)
 
 
 def test_resume_across_processes_and_epochs(data):

@@ -17,6 +17,7 @@ from loader.errors import RankLost
 from loader.control.protocol import Step
 from loader.backends.ray_backend import NAMESPACE, coordinator_name
 from loader.backends.reader import shutdown_readers
+from loader.contract import sources
 from analysis.synth import write_synthetic
 
 from .helpers import (ROOT, assert_resume_equal, by_threads, check_layout, collect, corrupt_row_group, histories,
@@ -136,6 +137,23 @@ def test_killed_readers_restart_without_loss_or_repeat(ray_address, data):
             ray.kill(reader, no_restart=False)
         taken += [[[record(mb) for mb in rank] for rank in step] for step in steps]
         assert len(_when_served(lambda: ray.get([r.node_id.remote() for r in readers]))) == 2  # restarted, serving
+    assert histories(taken) == source_histories(data)
+    with SequenceLoader(data, backend="inline", **kwargs) as inline:
+        assert collect(inline) == taken
+
+
+def test_row_groups_in_parts_through_reader_actors_even_when_they_die(ray_address, data, monkeypatch):
+    """Parts of row groups read by reader actors (a row group's parts on one reader of its node), killed mid-epoch:
+    every row once, the same steps as inline."""
+    monkeypatch.setattr(sources, "PART_BYTES", 250)
+    assert max(u.parts for u in sources.index_source(data).units) >= 3
+    kwargs = dict(ranks=2, microbatches=2, samples_per_step=12, shuffle_window=10, num_readers=2, seed=9)
+    with SequenceLoader(data, backend="ray", readers="actors", **kwargs) as loader:
+        steps = loader.iter_steps()
+        taken = [[[record(mb) for mb in rank] for rank in next(steps)]]
+        for reader in loader.reader_handles():
+            ray.kill(reader, no_restart=False)
+        taken += [[[record(mb) for mb in rank] for rank in step] for step in steps]
     assert histories(taken) == source_histories(data)
     with SequenceLoader(data, backend="inline", **kwargs) as inline:
         assert collect(inline) == taken
