@@ -147,8 +147,8 @@ def _whole(column: pa.ChunkedArray | pa.Array) -> pa.Array:
 
 
 def _decode_part(index: SourceIndex, unit: int, file: DataFile, metadata: pq.FileMetaData) -> Decoded:
-    """Part ``unit`` of a row group, taken from this process's pass over it (:mod:`loader.stages.passes`;
-    opened, or opened again from the row group's start, where it does not stand at the part's first row),
+    """Part ``unit`` of a row group, taken from this process's pass over it (:mod:`loader.stages.passes`; a new
+    one from the row group's start where none can reach the part),
     ``SLICE_BYTES`` at a time into arrays sized once from the footer (rows; the row group's leaf values, which
     bound a part's events; untouched memory beyond what the part fills is never resident)."""
     u = index.units[unit]
@@ -158,12 +158,12 @@ def _decode_part(index: SourceIndex, unit: int, file: DataFile, metadata: pq.Fil
     run = PASSES.acquire(key, u.start)
     done = True  # unless the part ends before the row group: a failed pass is closed
     try:
-        if run.batches is None or run.row > u.start:
+        if run.batches is None:  # a new pass
             source = file.filesystem.open_input_file(file.path)
             parquet = pq.ParquetFile(source, metadata=metadata, pre_buffer=False,
                                      buffer_size=REMOTE_BUFFER if file.remote else STREAM_BUFFER)
             batch_rows = max(1, u.rows * SLICE_BYTES // max(u.nbytes, 1))
-            run.restart(parquet.iter_batches(batch_size=batch_rows, row_groups=[u.row_group], columns=names,
+            run.open(parquet.iter_batches(batch_size=batch_rows, row_groups=[u.row_group], columns=names,
                                              use_threads=True), source.close)
         leaves = {chunk.path_in_schema.split(".", 1)[0]: chunk.num_values
                   for chunk in carried_chunks(group, {column for column, _ in index.lists})}

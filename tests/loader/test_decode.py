@@ -3,6 +3,7 @@ decoded whole, whatever order its parts are asked in."""
 
 import itertools
 import random
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -144,7 +145,7 @@ def test_a_large_row_group_is_read_in_parts_in_one_pass(tmp_path, monkeypatch):
     users = [_read(index, unit).rows.user_ids.tolist() for unit in range(4)]
     assert users == [list(range(25 * p, 25 * p + 25)) for p in range(4)]
     assert len(passes) == 1 and sum(passes[0]) == 100 and len(passes[0]) >= 8
-    assert not [key for key in decode.PASSES.passes if key[1] == path]  # read to its end: closed
+    assert not [key for key in decode.PASSES.groups if key[1] == path]  # read to its end: closed
     passes.clear()
     _read(_index(path, monkeypatch), 0)
     assert passes == []
@@ -160,6 +161,38 @@ def test_a_part_asked_again_or_out_of_order_reads_the_row_group_again(tmp_path, 
     assert _read(index, 2).rows.user_ids.tolist() == list(range(20, 30))  # continues it
     assert _read(index, 2).rows.user_ids.tolist() == list(range(20, 30))  # asked again: a new one
     assert len(passes) == 3
+
+
+def test_two_readers_of_one_row_group_in_step_keep_a_pass_each(tmp_path, monkeypatch):
+    """Two epochs reading the same row group's parts at once in one process (interleaved) each keep their
+    own pass: two decodes of the row group, not one per part."""
+    path = _write(tmp_path, [(i, [i], [i]) for i in range(40)], pa.list_(pa.int64()), 40)
+    index = _index(path, monkeypatch, -(-_index(path, monkeypatch).units[0].nbytes // 4))
+    passes = _counting(monkeypatch)
+    for unit in range(4):
+        for _ in range(2):
+            assert _read(index, unit).rows.user_ids.tolist() == list(range(10 * unit, 10 * unit + 10))
+    assert len(passes) == 2 and [sum(rows) for rows in passes] == [40, 40]
+
+
+def test_a_part_waits_for_the_pass_decoding_the_part_before_it(tmp_path, monkeypatch):
+    """A part asked while a thread decodes the part before it continues that pass instead of opening one."""
+    path = _write(tmp_path, [(i, [i], [i]) for i in range(40)], pa.list_(pa.int64()), 40)
+    index = _index(path, monkeypatch, -(-_index(path, monkeypatch).units[0].nbytes // 2))  # 2 parts
+    passes = _counting(monkeypatch)
+    run = decode.PASSES.acquire(_key(index, 0), 0)  # as if a reader thread decoded part 0 now
+    with ThreadPoolExecutor(1) as pool:
+        second = pool.submit(_read, index, 1)
+        time.sleep(0.3)
+        assert not second.done()  # waiting for the pass, not skipping ahead on a new one
+        decode.PASSES.release(_key(index, 0), run, done=True)  # (that reader failed: its pass closed)
+        assert second.result(timeout=30).rows.user_ids.tolist() == list(range(20, 40))
+    assert len(passes) == 1
+
+
+def _key(index, unit):
+    u, file = index.units[unit], index.files[index.units[unit].file]
+    return (file.filesystem.type_name, file.path, file.size, u.row_group, ("user_id", "item_ids", "timestamps"))
 
 
 def test_parts_asked_from_threads_in_any_order_are_each_right(tmp_path, monkeypatch):

@@ -11,6 +11,7 @@ import pytest
 
 from loader import SequenceLoader
 from loader.stages.decode import RowGroupBytes, decode_unit, fetch_unit, read_unit
+from loader.contract import sources
 from loader.contract.sources import index_source
 
 from .helpers import assert_resume_equal, backend_options, by_threads, collect, histories, source_histories, synth
@@ -65,6 +66,19 @@ def test_s3_rows_exactly_once_and_batches_as_from_local_disk(request, s3, backen
     assert got == expected
     assert histories(got) == source_histories(local, 30)
     assert stats["rows_read"] == stats["rows_delivered"] == 200
+
+
+def test_s3_row_groups_in_parts_are_read_as_from_local_disk(s3, monkeypatch):
+    """Row groups listed in parts, each part taken from a pass that reads the row group's pages from the server
+    as it decodes them (nothing fetched first): the same steps as from local disk."""
+    uri, local = s3
+    monkeypatch.setattr(sources, "PART_BYTES", 250)
+    index = index_source(uri)
+    assert max(u.parts for u in index.units) >= 3
+    assert fetch_unit(index, 1, skip_corrupt=False).streamed  # a part: no ranged read ahead of its pass
+    with SequenceLoader(local, backend="inline", **KWARGS) as disk, SequenceLoader(uri, backend="inline",
+                                                                                   **KWARGS) as remote:
+        assert collect(remote) == collect(disk)
 
 
 @pytest.mark.parametrize("backend", ["inline", "ray"])
