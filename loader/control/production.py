@@ -178,9 +178,10 @@ def check_window(epoch_run: EpochRun) -> None:
     layout, order = epoch_run.layout, epoch_run.order
     if layout is None or order.blocks == 0:
         return
-    per_block = float(np.median([len(order.units_of(b)) for b in range(order.blocks)]))
+    groups = epoch_run.groups  # (U,) the row group of each unit: a row group's parts share one home in a block
+    per_block = float(np.median([len(np.unique(groups[order.units_of(b)])) for b in range(order.blocks)]))
     if per_block < layout.nodes:
-        rows = int(np.median(epoch_run.unit_rows))
+        rows = int(np.median(np.bincount(groups, weights=epoch_run.unit_rows)))  # rows per row group
         warnings.warn(
             f"a shuffle block holds about {per_block:g} row group(s) but the ranks run on {layout.nodes} nodes, so "
             f"each block's rows have their home on at most {per_block:g} of them and the locality-aware plan must "
