@@ -10,8 +10,9 @@ each file once.
 The index lists every row group as a :class:`Unit` (file, row group, rows): the unit of reading,
 of shuffling and of ownership by reader actors. A row group decoding to more than ``PART_BYTES`` is listed
 as several units, its *parts*: consecutive row ranges of about ``PART_BYTES`` each, so that a shuffle block
-(and the memory a loader holds) need not be a whole row group (docs/loader.md, "Row groups in parts"). Every file's schema is checked against the data
-contract here, before any work; every file must carry the same event columns as the first.
+(and the memory a loader holds) need not be a whole row group (docs/loader.md, "Row groups in parts").
+Every file's schema is checked against the data contract here, before any work; every file must carry the
+same event columns as the first.
 """
 
 from __future__ import annotations

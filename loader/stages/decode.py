@@ -148,9 +148,9 @@ def _whole(column: pa.ChunkedArray | pa.Array) -> pa.Array:
 
 def _decode_part(index: SourceIndex, unit: int, file: DataFile, metadata: pq.FileMetaData) -> Decoded:
     """Part ``unit`` of a row group, taken from this process's pass over it (:mod:`loader.stages.passes`; a new
-    one from the row group's start where none can reach the part),
-    ``SLICE_BYTES`` at a time into arrays sized once from the footer (rows; the row group's leaf values, which
-    bound a part's events; untouched memory beyond what the part fills is never resident)."""
+    one from the row group's start where none can reach the part), ``SLICE_BYTES`` at a time into arrays sized
+    once from the footer (rows; the row group's leaf values, which bound a part's events; what the part leaves
+    untouched is never resident)."""
     u = index.units[unit]
     group = metadata.row_group(u.row_group)
     names = _names(index)
@@ -164,7 +164,7 @@ def _decode_part(index: SourceIndex, unit: int, file: DataFile, metadata: pq.Fil
                                      buffer_size=REMOTE_BUFFER if file.remote else STREAM_BUFFER)
             batch_rows = max(1, u.rows * SLICE_BYTES // max(u.nbytes, 1))
             run.open(parquet.iter_batches(batch_size=batch_rows, row_groups=[u.row_group], columns=names,
-                                             use_threads=True), source.close)
+                                          use_threads=True), source.close)
         leaves = {chunk.path_in_schema.split(".", 1)[0]: chunk.num_values
                   for chunk in carried_chunks(group, {column for column, _ in index.lists})}
         out = _Filling(u.rows, {column: (leaves.get(column, 0), np.dtype(t.to_pandas_dtype()))

@@ -73,7 +73,8 @@ def test_parts_equal_whole(tmp_path, monkeypatch, rows, group_rows, part_share, 
     for g, w in enumerate(whole_index.units):
         whole = _read(whole_index, g, max_seq_len)
         parts = [i for i, u in enumerate(index.units) if u.row_group == w.row_group]
-        assert [index.units[i].start for i in parts] == np.cumsum([0] + [index.units[i].rows for i in parts])[:-1].tolist()
+        starts = np.cumsum([0] + [index.units[i].rows for i in parts])[:-1]
+        assert [index.units[i].start for i in parts] == starts.tolist()
         assert sum(index.units[i].rows for i in parts) == w.rows
         for i in parts:
             u = index.units[i]
