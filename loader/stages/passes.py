@@ -17,6 +17,7 @@ may reach here in either order). A part with no such pass and none standing at i
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -74,11 +75,14 @@ class Passes:
         self.changed = threading.Condition()
         self.groups: dict[tuple, _Group] = {}
         self.clock = itertools.count()
+        self.pid = os.getpid()
 
     def acquire(self, key: tuple, start: int) -> Pass:
         """A pass of ``key`` for the part starting at row ``start`` (see the module docstring): one standing at
         ``start``, else the closest behind it, else a new one. Give it back with :meth:`release`."""
         with self.changed:
+            if self.pid != os.getpid():  # a forked child: the parent's passes are not its own to continue
+                self.groups, self.pid = {}, os.getpid()
             group = self.groups.setdefault(key, _Group())
             group.asked.append(start)
             now = time.monotonic()

@@ -2,6 +2,7 @@
 decoded whole, whatever order its parts are asked in."""
 
 import itertools
+import multiprocessing
 import random
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -244,3 +245,21 @@ def test_a_corrupt_row_group_is_named_or_skipped_in_parts_too(tmp_path, monkeypa
     assert all(s.status.tolist() == [CORRUPT] * len(s.status) and len(s.rows.user_ids) == 0 for s in skipped)
     first = [i for i, u in enumerate(index.units) if u.row_group == 0]
     assert sum(len(_read(index, i).rows.user_ids) for i in first) == 20
+
+
+def test_a_forked_child_opens_its_own_passes(tmp_path, monkeypatch):
+    """A process forked while a pass stands open (a DataLoader worker) reads its parts on passes of its own."""
+    path = _write(tmp_path, [(i, [i], [i]) for i in range(40)], pa.list_(pa.int64()), 40)
+    index = _index(path, monkeypatch, -(-_index(path, monkeypatch).units[0].nbytes // 4))
+    assert _read(index, 0).rows.user_ids.tolist() == list(range(10))  # the parent's pass stands at row 10
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(1) as pool:
+        assert pool.apply(_users_and_passes, (index, 1)) == (list(range(10, 20)), 1)
+    assert _read(index, 1).rows.user_ids.tolist() == list(range(10, 20))  # the parent's pass goes on
+
+
+def _users_and_passes(index, unit):
+    opened = []
+    real = pq.ParquetFile.iter_batches
+    pq.ParquetFile.iter_batches = lambda self, *a, **k: (opened.append(1), real(self, *a, **k))[1]
+    return _read(index, unit).rows.user_ids.tolist(), len(opened)
