@@ -84,7 +84,8 @@ other processes use under ``--quiet-cores`` CPUs.
 
 Memory: a sampler thread reads ``/proc/<pid>/status`` every 0.2 s for the same tree. On ``mem``, each contender runs
 in a fresh bench process of its own (``measure_in_child``): a memory pool keeps what an earlier contender freed.
-``mem`` = sum of RssAnon (private memory) + the largest RssShmem of any one process (Ray's shared-memory object store, counted once);
+``mem`` = sum of RssAnon (private memory) + the largest RssShmem of any one process (Ray's shared-memory object
+store, counted once);
 ``RSS`` = sum of VmRSS (shared pages counted once per process: an upper bound). Reported: the peak of each during
 the timed passes, and ``mem`` when the pass started (idle Ray workers left by earlier contenders included).
 

@@ -140,6 +140,7 @@ def fingerprint(index: SourceIndex, config: LoaderConfig) -> int:
     decisive["columns"] = repr(config.contract)
     decisive["window"] = config.block_rows(np.array([u.rows for u in index.units], dtype=np.int64))
     decisive["files"] = [f.path for f in index.files]
+    # a whole row group as before parts existed, so states saved then still resume
     decisive["units"] = [(u.file, u.row_group, u.rows) if u.whole else (u.file, u.row_group, u.rows, u.start)
                          for u in index.units]
     decisive["lists"] = [(column, str(t)) for column, t in index.lists]

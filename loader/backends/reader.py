@@ -73,7 +73,7 @@ class Reader:
     @ray.method(concurrency_group="read")
     def read(self, unit: SourceIndex, max_seq_len: int | None, skip_corrupt: bool,
              loader: str) -> tuple[UnitMeta, ray.ObjectRef, int]:
-        """Read ``unit`` (an index of one row group, :meth:`SourceIndex.only`) for the loader
+        """Read ``unit`` (an index of one row group or part, :meth:`SourceIndex.only`) for the loader
         tagged ``loader`` in the metrics."""
         fetched = fetch_unit(unit, 0, skip_corrupt=skip_corrupt) if unit.files[0].remote else None  # beside a decode
         with self.decoding:

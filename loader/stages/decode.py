@@ -29,9 +29,9 @@ from loader.stages.passes import PASSES
 
 # What pyarrow raises for pages that do not decode (bad compression, garbled encodings, short reads).
 _DECODE_ERRORS = (pa.ArrowException, OSError)
-READ_AHEAD_BYTES = 512 << 20  # decoded row groups read ahead of the current shuffle block, at most (one at least)
-SLICE_BYTES = 32 << 20  # a part is decoded about this many bytes at a time (docs/benchmarks.md "The whole matrix
-STREAM_BUFFER = 1 << 20  # again"); its pages read through a buffer of this many bytes from a local file,
+READ_AHEAD_BYTES = 512 << 20  # decoded units read ahead of the current shuffle block, at most (one at least)
+SLICE_BYTES = 32 << 20  # a part is decoded about this many bytes at a time (docs/benchmarks.md "Row groups in
+STREAM_BUFFER = 1 << 20  # parts"); its pages read through a buffer of this many bytes from a local file,
 REMOTE_BUFFER = 8 << 20  # and of this many from object storage (one request each)
 
 

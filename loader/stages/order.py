@@ -85,9 +85,9 @@ def epoch_order(unit_rows: np.ndarray, *, seed: int, epoch: int, shuffle: bool, 
         picked = np.random.default_rng([seed, epoch, _UNITS]).permutation(len(first) - 1).astype(np.int64)
     else:
         picked = np.arange(len(first) - 1, dtype=np.int64)
-    sizes = np.diff(first)[picked]
-    units = np.repeat(first[:-1][picked] - np.concatenate([[0], np.cumsum(sizes)[:-1]]), sizes) + np.arange(
-        len(unit_rows), dtype=np.int64)
+    sizes = np.diff(first)[picked]  # units of each picked row group, in order
+    placed = np.concatenate([[0], np.cumsum(sizes)[:-1]])  # where each row group's units start in the order
+    units = np.repeat(first[:-1][picked] - placed, sizes) + np.arange(len(unit_rows), dtype=np.int64)
     block_units = cut_blocks(unit_rows[units], window)
     cumulative = np.concatenate([[0], np.cumsum(unit_rows[units])]).astype(np.int64)  # (U + 1,)
     return EpochOrder(units, block_units, cumulative[block_units], seed, epoch, shuffle)
