@@ -36,7 +36,7 @@ from typing import Literal
 import numpy as np
 
 from balancer.cost import DEFAULT_COST_MODEL, CostModel
-from balancer.kernels.compose import even_layers, gather_cores, repair
+from balancer.kernels.compose import even_layers, gather_cores, repair, window_time
 from balancer.plan import positive_int, validate_lengths
 
 ComposeMethod = Literal["giants", "outlier_delay", "shuffled"]
@@ -76,15 +76,6 @@ class Composition:
 def shuffled_steps(sizes: np.ndarray) -> np.ndarray:
     """The shuffled order's step of each sample of a window of ``sizes`` (K,): int64 (N,)."""
     return np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
-
-
-def window_time(costs: np.ndarray, step: np.ndarray, n_steps: int, ranks: int) -> float:
-    """``sum_k max(total_k / R, costliest_k)``: the window's time where every step is balanced as well as
-    its costliest sample allows (a floor of any plan of these steps)."""
-    totals = np.bincount(step, weights=costs, minlength=n_steps)  # (K,)
-    peak = np.zeros(n_steps)
-    np.maximum.at(peak, step, costs)
-    return float(np.maximum(totals / ranks, peak).sum())
 
 
 def compose(

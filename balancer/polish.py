@@ -20,7 +20,7 @@ from balancer.kernels.common import Rules
 from balancer.kernels.exchange import exchange
 from balancer.kernels.refine import bin_thresholds, refine
 from balancer.kernels.tighten import tighten
-from balancer.metrics import lockstep_bubble
+from balancer.kernels.totals import layout_scores
 from balancer.registry import Problem
 
 # Accepted refinement steps per bin before giving up on the last tiny gains.
@@ -91,23 +91,15 @@ def level_slot(problem: Problem, bins: np.ndarray, slot: int) -> np.ndarray:
 
 def lay_out(problem: Problem, cand: Candidate) -> None:
     """Ranks and slots of ``cand``'s bins (flat plans regrouped onto ranks without ``equal_count``; each
-    rank's microbatches heaviest first), its peak, lockstep bubble, lockstep time and costliest rank."""
+    rank's microbatches heaviest first), its peak, lockstep bubble, lockstep time and costliest rank
+    (``kernels.totals.layout_scores``)."""
     R, M, n_bins = problem.ranks, problem.microbatches, problem.n_bins
     loads = np.bincount(cand.bins, weights=problem.costs, minlength=n_bins)  # (R*M,)
     rank_of_bin = np.arange(n_bins) // M
     if cand.flat and not problem.equal_count:
         rank_of_bin = _group_bins_into_ranks(loads, R, M)
-    # slot of each bin inside its rank: heaviest first (stable by bin id)
-    by_rank_then_load = np.lexsort((np.arange(n_bins), -loads, rank_of_bin))
-    slot_of_bin = np.empty(n_bins, dtype=np.int64)
-    slot_of_bin[by_rank_then_load] = np.arange(n_bins) % M
-    grid = np.zeros((R, M))
-    grid[rank_of_bin, slot_of_bin] = loads
-    cand.rank_of_bin, cand.slot_of_bin = rank_of_bin, slot_of_bin
-    cand.peak = float(loads.max())
-    cand.bubble = lockstep_bubble(grid)
-    cand.lockstep = float(grid.max(axis=0).sum())
-    cand.rank_max = float(grid.sum(axis=1).max())
+    cand.slot_of_bin, cand.peak, cand.bubble, cand.lockstep, cand.rank_max = layout_scores(loads, rank_of_bin, R, M)
+    cand.rank_of_bin = rank_of_bin
 
 
 def _group_bins_into_ranks(loads: np.ndarray, ranks: int, microbatches: int) -> np.ndarray:

@@ -15,6 +15,8 @@ without any rank waiting for the rank that trains it (its time is ``max(total / 
 - ``repair``: steps whose costliest sample still outweighs their total over R (a *deficit*) swap their
   lightest light samples for the costliest light samples of steps with room to spare, while the donor
   step keeps its own surplus, no swap raises a step's costliest sample, and ``token_room`` holds.
+- ``window_time``: ``sum_k max(total_k / R, costliest_k)`` of a window's steps, the figure composition keeps or
+  drops its steps by.
 - ``even_layers``: steps swap *bulky* samples (each outweighing half a microbatch's share) for others so that
   each step holds a multiple of R of them where a few swaps get there: then every rank of a step holds as
   many, and no rank's extra bulky microbatch sets the lockstep time.
@@ -26,6 +28,8 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit
+
+from balancer.kernels.totals import pairwise_sum
 
 
 @njit(cache=True, nogil=True)
@@ -401,3 +405,26 @@ def even_layers_ref(step, costs, lengths, bulky, n_steps, ranks, token_room):
                 y += 1
                 swaps += 1
     return swaps
+
+
+@njit(cache=True, nogil=True)
+def window_time(costs, step, n_steps, ranks):
+    """``sum_k max(total_k / R, costliest_k)`` over the ``n_steps`` steps of ``step`` (N,): each step's total
+    added in sample order, the steps' times added as NumPy's ``sum`` does (``totals.pairwise_sum``)."""
+    totals = np.zeros(n_steps)
+    peak = np.zeros(n_steps)
+    for i in range(costs.shape[0]):
+        totals[step[i]] += costs[i]
+        peak[step[i]] = max(peak[step[i]], costs[i])
+    times = np.empty(n_steps)
+    for k in range(n_steps):
+        times[k] = max(totals[k] / ranks, peak[k])
+    return pairwise_sum(times, 0, n_steps)
+
+
+def window_time_ref(costs, step, n_steps, ranks):
+    """Plain twin of ``window_time``, in NumPy."""
+    totals = np.bincount(step, weights=costs, minlength=n_steps)  # (K,)
+    peak = np.zeros(n_steps)
+    np.maximum.at(peak, step, costs)
+    return float(np.maximum(totals / ranks, peak).sum())

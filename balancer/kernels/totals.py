@@ -1,4 +1,9 @@
-"""Per-bin totals of a plan (``bin_totals``) and the one-pass ``summary`` its metrics come from (numba + twins)."""
+"""Per-bin totals of a plan (``bin_totals``), the one-pass ``summary`` its metrics come from, and the scores of a
+candidate's layout (``layout_scores``), each a numba kernel beside its plain twin.
+
+``pairwise_sum`` adds a float64 vector as NumPy's ``sum`` does (its pairwise scheme, blocks of 128, eight
+accumulators), so a kernel's score is the twin's to the last bit: ties between candidates go the same way.
+"""
 
 from __future__ import annotations
 
@@ -74,3 +79,122 @@ def bin_totals_ref(rank, microbatch, costs, lengths, ranks, microbatches):
     return (np.bincount(bins, weights=costs, minlength=ranks * microbatches).reshape(shape),
             np.bincount(bins, weights=lengths, minlength=ranks * microbatches).astype(np.int64).reshape(shape),
             np.bincount(bins, minlength=ranks * microbatches).astype(np.int64).reshape(shape))
+
+
+_PAIRWISE_BLOCK = 128  # NumPy's PW_BLOCKSIZE
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _block_sum(values, start, n):
+    """NumPy's sum of at most 128 values: sequential below 8, else eight interleaved accumulators."""
+    if n < 8:
+        total = 0.0
+        for i in range(start, start + n):
+            total += values[i]
+        return total
+    r0, r1, r2, r3 = values[start], values[start + 1], values[start + 2], values[start + 3]
+    r4, r5, r6, r7 = values[start + 4], values[start + 5], values[start + 6], values[start + 7]
+    i = 8
+    while i < n - n % 8:
+        k = start + i
+        r0 += values[k]
+        r1 += values[k + 1]
+        r2 += values[k + 2]
+        r3 += values[k + 3]
+        r4 += values[k + 4]
+        r5 += values[k + 5]
+        r6 += values[k + 6]
+        r7 += values[k + 7]
+        i += 8
+    total = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    for k in range(start + i, start + n):
+        total += values[k]
+    return total
+
+
+@njit(cache=True, nogil=True)
+def pairwise_sum(values, start, n):
+    """``values[start:start + n].sum()`` (float64, contiguous) as NumPy adds it: blocks of up to 128
+    (``_block_sum``), larger ranges as the sum of two halves (the first a multiple of 8), left then right.
+    The halving runs on an explicit stack: numba's cache cannot reload a recursive function."""
+    if n <= _PAIRWISE_BLOCK:
+        return _block_sum(values, start, n)
+    depth = 64  # halving n > 128 down to 128 takes under 64 levels
+    lo = np.empty(depth, dtype=np.int64)  # (depth,) range of each open node
+    size = np.empty(depth, dtype=np.int64)
+    left = np.empty(depth)  # its left half's sum, once known
+    done_left = np.zeros(depth, dtype=np.bool_)
+    top = 0
+    lo[0], size[0] = start, n
+    while True:
+        m = size[top]
+        if m > _PAIRWISE_BLOCK:  # open the left half
+            half = m // 2 - (m // 2) % 8
+            lo[top + 1], size[top + 1], done_left[top + 1] = lo[top], half, False
+            top += 1
+            continue
+        value = _block_sum(values, lo[top], m)
+        top -= 1
+        while top >= 0 and done_left[top]:  # both halves known: the parent's sum, up the stack
+            value = left[top] + value
+            top -= 1
+        if top < 0:
+            return value
+        half = size[top] // 2 - (size[top] // 2) % 8  # the left half is known: open the right one
+        left[top], done_left[top] = value, True
+        lo[top + 1], size[top + 1], done_left[top + 1] = lo[top] + half, size[top] - half, False
+        top += 1
+
+
+@njit(cache=True, nogil=True)
+def layout_scores(loads, rank_of_bin, ranks, microbatches):
+    """Each bin's slot inside its rank (its rank's bins heaviest first, equal loads by bin id; every rank holds
+    ``microbatches`` bins) and the scores of the (R, M) grid that makes: peak bin, lockstep bubble
+    ``1 - sum_j mean_r C[r, j] / sum_j max_r C[r, j]``, lockstep time ``sum_j max_r C[r, j]`` and the costliest
+    rank total. Returns ``(slot_of_bin (R*M,) int64, peak, bubble, lockstep, rank_max)``."""
+    n_bins = loads.shape[0]
+    by_load = np.argsort(-loads, kind="mergesort")  # heaviest first, equal loads by bin id
+    slot_of_bin = np.empty(n_bins, dtype=np.int64)
+    filled = np.zeros(ranks, dtype=np.int64)
+    grid = np.zeros((ranks, microbatches))
+    peak = 0.0
+    for b in by_load:
+        r = rank_of_bin[b]
+        slot_of_bin[b] = filled[r]
+        grid[r, filled[r]] = loads[b]
+        filled[r] += 1
+        peak = max(peak, loads[b])
+    column_max = np.zeros(microbatches)
+    column_mean = np.zeros(microbatches)
+    if microbatches == 1:  # NumPy's mean over ranks of one column: one contiguous sum, pairwise
+        column = grid[:, 0].copy()
+        column_mean[0] = pairwise_sum(column, 0, ranks) / ranks
+        column_max[0] = column.max()
+    else:  # over ranks of several columns: row after row, in rank order
+        for r in range(ranks):
+            for j in range(microbatches):
+                column_mean[j] += grid[r, j]
+                column_max[j] = max(column_max[j], grid[r, j])
+        for j in range(microbatches):
+            column_mean[j] /= ranks
+    lockstep = pairwise_sum(column_max, 0, microbatches)
+    bubble = 1.0 - pairwise_sum(column_mean, 0, microbatches) / lockstep if lockstep > 0 else 0.0
+    flat = grid.reshape(-1)
+    rank_max = 0.0
+    for r in range(ranks):
+        rank_max = max(rank_max, pairwise_sum(flat, r * microbatches, microbatches))
+    return slot_of_bin, peak, bubble, lockstep, rank_max
+
+
+def layout_scores_ref(loads, rank_of_bin, ranks, microbatches):
+    """Plain twin of ``layout_scores``, in NumPy."""
+    n_bins = loads.shape[0]
+    by_rank_then_load = np.lexsort((np.arange(n_bins), -loads, rank_of_bin))
+    slot_of_bin = np.empty(n_bins, dtype=np.int64)
+    slot_of_bin[by_rank_then_load] = np.arange(n_bins) % microbatches
+    grid = np.zeros((ranks, microbatches))
+    grid[rank_of_bin, slot_of_bin] = loads
+    column_max = grid.max(axis=0)
+    lockstep = float(column_max.sum())
+    bubble = 1.0 - float(grid.mean(axis=0).sum() / column_max.sum()) if lockstep > 0 else 0.0
+    return slot_of_bin, float(loads.max()), bubble, lockstep, float(grid.sum(axis=1).max())

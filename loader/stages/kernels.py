@@ -3,20 +3,59 @@
 Gathering rows of a jagged table is a loop of small slice copies: a numba kernel does it at memcpy
 speed, where NumPy would first build an index of every event. ``copy_ranges_ref`` is the plain
 NumPy twin the tests compare against.
+
+The rows a message gathers lie at random places of row groups of tens of MiB: each short history is a
+cache (and TLB) miss, and a plain loop waits for one miss at a time (about 150 ns a row on the bench's
+machine, where its events take 20). The kernel asks the memory for the row ``PREFETCH_AHEAD`` rows on
+while it copies this one (LLVM's ``prefetch``, a hint that never faults), so that many misses are in
+flight at once.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
-
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 _SHORT = 64  # ranges up to this many elements are copied element by element
+PREFETCH_AHEAD = 8  # rows asked for ahead of the one copied (4-32 measured within 10% of each other)
+_LINE = 64  # bytes of a cache line: a row's second line is asked for too where it has one
+
+
+@intrinsic
+def _prefetch(typingctx, array, index):
+    """Hint the CPU to load ``array[index]``'s cache line (read, keep in every cache level)."""
+
+    def codegen(context, builder, signature, args):
+        array_type = signature.args[0]
+        ary = context.make_array(array_type)(context, builder, args[0])
+        address = cgutils.get_item_pointer(context, builder, array_type, ary, [args[1]], wraparound=False,
+                                           boundscheck=False)
+        pointer = builder.bitcast(address, ir.IntType(8).as_pointer())
+        i32 = ir.IntType(32)
+        name = "llvm.prefetch.p0" if str(pointer.type) == "ptr" else "llvm.prefetch.p0i8"  # opaque or typed pointers
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [pointer.type, i32, i32, i32]),
+                                            name)
+        builder.call(fn, [pointer, i32(0), i32(3), i32(1)])  # read, keep in all levels, data cache
+        return context.get_dummy_value()
+
+    return types.void(array, index), codegen
 
 
 @njit(cache=True, nogil=True)
 def _copy_ranges(src, src_starts, lengths, dst, dst_starts):
-    for i in range(lengths.shape[0]):
+    rows = lengths.shape[0]
+    line = _LINE // src.itemsize
+    for i in range(min(PREFETCH_AHEAD, rows)):
+        _prefetch(src, src_starts[i])
+    for i in range(rows):
+        ahead = i + PREFETCH_AHEAD
+        if ahead < rows and lengths[ahead] > 0:
+            _prefetch(src, src_starts[ahead])
+            if lengths[ahead] > line:
+                _prefetch(src, src_starts[ahead] + line)
         s, d, n = src_starts[i], dst_starts[i], lengths[i]
         if n <= _SHORT:  # short histories: a plain loop beats a slice copy's set-up (22% on median 15)
             for k in range(n):

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from balancer.balanced import column_levels
 from balancer.kernels import assign as A
 from balancer.kernels import colfill as C
+from balancer.kernels import compose as K
 from balancer.kernels import exchange as X
 from balancer.kernels import order as O
 from balancer.kernels import refine as R
@@ -334,6 +335,42 @@ def test_summary_matches_reference(data):
     assert got == ref
     if max_tokens < 0:
         assert got[4] == 0  # no cap, no violations
+
+
+@given(st.integers(0, 1100), st.integers(0, 5), st.integers(0, 2**32 - 1))
+@settings(max_examples=60, deadline=None)
+def test_pairwise_sum_is_numpys_sum_to_the_last_bit(n, start, seed):
+    # below 8, up to 128 and above (halves that are multiples of 8): NumPy's own order of additions
+    values = np.random.default_rng(seed).lognormal(0.0, 3.0, start + n + 3)
+    assert T.pairwise_sum(values, start, n) == values[start : start + n].sum()
+
+
+@given(st.data())
+@settings(max_examples=80, deadline=None)
+def test_layout_scores_match_reference(data):
+    # one microbatch (NumPy's mean over ranks is then a pairwise sum), many ranks, equal loads (ties by bin id)
+    ranks, microbatches = data.draw(st.sampled_from([1, 2, 3, 8, 130])), data.draw(st.sampled_from([1, 2, 4, 9]))
+    n_bins = ranks * microbatches
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    loads = rng.lognormal(0.0, 2.0, n_bins) / 7.0
+    if data.draw(st.booleans()):
+        loads = np.round(loads) * rng.integers(0, 2, n_bins)  # equal loads and empty bins
+    rank_of_bin = rng.permutation(np.arange(n_bins) // microbatches)  # M bins per rank, in any order
+    got, ref = T.layout_scores(loads, rank_of_bin, ranks, microbatches), T.layout_scores_ref(loads, rank_of_bin, ranks,
+                                                                                             microbatches)
+    np.testing.assert_array_equal(got[0], ref[0])
+    assert got[1:] == ref[1:]
+    grid = np.zeros((ranks, microbatches))
+    grid[rank_of_bin, got[0]] = loads
+    assert np.all(np.diff(grid, axis=1) <= 0)  # each rank's microbatches heaviest first
+
+
+@given(st.integers(1, 300), st.integers(0, 3000), st.integers(1, 300), st.integers(0, 2**32 - 1))
+@settings(max_examples=60, deadline=None)
+def test_window_time_matches_reference(n_steps, n, ranks, seed):
+    rng = np.random.default_rng(seed)
+    costs, step = rng.lognormal(0.0, 2.0, n) / 7.0, rng.integers(0, n_steps, n)
+    assert K.window_time(costs, step, n_steps, ranks) == K.window_time_ref(costs, step, n_steps, ranks)
 
 
 def test_numba_code_lives_in_kernels_and_no_module_imports_private_names():

@@ -8,10 +8,12 @@ from loader.stages.kernels import copy_ranges, copy_ranges_ref
 from loader.stages.rows import Rows, gather
 
 
-@given(st.lists(st.tuples(st.integers(0, 150), st.integers(0, 100)), max_size=20), st.sampled_from(["int64", "float32"]))
+@given(st.lists(st.tuples(st.integers(0, 150), st.integers(0, 100)), max_size=40),
+       st.sampled_from(["int64", "float32", "int8"]))
 @settings(max_examples=60, deadline=None)
 def test_copy_ranges_matches_reference(ranges, dtype):
-    # lengths on both sides of the kernel's element-loop / slice-copy switch (64)
+    # lengths on both sides of the kernel's element-loop / slice-copy switch (64); more rows than it asks for
+    # ahead (8), empty ones at the array's end among them, rows of one cache line and of several
     src = np.arange(200).astype(dtype)
     starts = np.array([min(s, 200 - n) for s, n in ranges], dtype=np.int64)
     lengths = np.array([n for _, n in ranges], dtype=np.int64)
@@ -20,7 +22,7 @@ def test_copy_ranges_matches_reference(ranges, dtype):
     copy_ranges(src, starts, lengths, got, dst_starts)
     copy_ranges_ref(src, starts, lengths, want, dst_starts)
     np.testing.assert_array_equal(got, want)
-    assert got.tolist() == [float(x) for s, n in zip(starts, lengths) for x in range(s, s + n)]
+    assert got.tolist() == [src[x] for s, n in zip(starts, lengths) for x in range(s, s + n)]
 
 
 def _rows(histories: list[list[int]], first_user: int) -> Rows:
