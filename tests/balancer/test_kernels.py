@@ -337,6 +337,20 @@ def test_summary_matches_reference(data):
         assert got[4] == 0  # no cap, no violations
 
 
+@given(st.data())
+@settings(max_examples=60, deadline=None)
+def test_group_by_bin_matches_reference(data):
+    ranks, microbatches = data.draw(st.integers(1, 5)), data.draw(st.integers(1, 4))
+    n = data.draw(st.integers(0, 60))
+    rank = np.asarray(data.draw(st.lists(st.integers(0, ranks - 1), min_size=n, max_size=n)), dtype=np.int32)
+    microbatch = np.asarray(data.draw(st.lists(st.integers(0, microbatches - 1), min_size=n, max_size=n)),
+                            dtype=np.int32)
+    counts = np.bincount(rank.astype(np.int64) * microbatches + microbatch, minlength=ranks * microbatches)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    got = T.group_by_bin(rank, microbatch, microbatches, offsets)
+    np.testing.assert_array_equal(got, T.group_by_bin_ref(rank, microbatch, microbatches, offsets))
+
+
 @given(st.integers(0, 1100), st.integers(0, 5), st.integers(0, 2**32 - 1))
 @settings(max_examples=60, deadline=None)
 def test_pairwise_sum_is_numpys_sum_to_the_last_bit(n, start, seed):
