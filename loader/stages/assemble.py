@@ -108,12 +108,12 @@ def route_ranks(messages: list[RankMessage], holder: np.ndarray, here: list[int 
     local = held_by == node_here[owner]
     # local rows: source = the rank of its unit among the message's distinct local units
     span = int(holder.size) + 1
-    unit_keys, unit_inv = np.unique(owner[local] * span + unit[local], return_inverse=True)
+    unit_keys, unit_inv = _unique_inverse(owner[local] * span + unit[local], len(messages) * span)
     unit_first = np.searchsorted(unit_keys, np.arange(len(messages) + 1) * span)  # (R + 1,)
     # other rows: one piece per (message, holding node), numbered after the message's units
     remote = np.flatnonzero(~local)
     node_span = int(max(held_by.max(initial=0), 0)) + 2  # node + 1 in [0, node_span)
-    piece_keys, piece_inv = np.unique(owner[remote] * node_span + held_by[remote] + 1, return_inverse=True)
+    piece_keys, piece_inv = _unique_inverse(owner[remote] * node_span + held_by[remote] + 1, len(messages) * node_span)
     piece_first = np.searchsorted(piece_keys, np.arange(len(messages) + 1) * node_span)
     source = np.empty(len(unit), dtype=np.int64)
     out_row = np.empty(len(unit), dtype=np.int64)
@@ -153,6 +153,16 @@ def route_ranks(messages: list[RankMessage], holder: np.ndarray, here: list[int 
     return Routing(routes, wanted, units)
 
 
+def _unique_inverse(keys: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(keys, return_inverse=True)`` of int64 ``keys`` (n,) in ``[0, size)``: by counting (O(n + size), no
+    sort) where ``size`` is at most a few times n, else by NumPy's sort."""
+    if size > 4 * len(keys) + 4096:
+        return np.unique(keys, return_inverse=True)
+    present = np.bincount(keys, minlength=size) > 0  # (size,)
+    place = np.cumsum(present) - 1  # (size,) each present key's place among them
+    return np.flatnonzero(present), place[keys]
+
+
 def pack(held: dict[int, Rows], unit: np.ndarray, row: np.ndarray, dtypes: dict[str, np.dtype]) -> Rows:
     """Rows (unit, row) (n,) of the units ``held`` here, gathered into one new :class:`Rows`."""
     used, source = np.unique(unit, return_inverse=True)
@@ -175,8 +185,11 @@ def rank_messages(
     row = np.concatenate([s.row[s.order[s.bins[0] : s.bins[-1]]] for s in steps])
     sizes = np.stack([np.diff(s.bins) for s in steps]).reshape(K, R, M)  # rows per bin
     per_rank = sizes.sum(axis=2)  # (K, R)
-    owner = np.repeat(np.tile(np.arange(R, dtype=np.int64), K), per_rank.reshape(-1))  # (n,) rank of each row
-    by_rank = np.argsort(owner, kind="stable")  # rank by rank, then step by step, in bin order
+    # rank by rank, then step by step, in bin order: the (step, rank) blocks of rows taken rank-major
+    block_starts = (np.cumsum(per_rank.reshape(-1)) - per_rank.reshape(-1)).reshape(K, R)  # (K, R) in unit/row
+    sizes_rank_major = per_rank.T.reshape(-1)  # (R*K,)
+    shift = block_starts.T.reshape(-1) - (np.cumsum(sizes_rank_major) - sizes_rank_major)  # (R*K,)
+    by_rank = np.repeat(shift, sizes_rank_major) + np.arange(len(unit), dtype=np.int64)
     unit, row = unit[by_rank], row[by_rank]
     ends = np.cumsum(per_rank.sum(axis=0))  # (R,)
     step_bounds = np.concatenate([np.zeros((R, 1), dtype=np.int64), np.cumsum(per_rank.T, axis=1)], axis=1)

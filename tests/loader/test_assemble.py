@@ -4,7 +4,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loader.stages.assemble import rank_messages, route_ranks
+from loader.stages.assemble import _unique_inverse, rank_messages, route_ranks
 from loader.stages.pipeline import PlannedStep
 from loader.stages.stats import Counts
 
@@ -116,3 +116,12 @@ def test_rank_messages_and_routes_equal_the_per_rank_ones(drawn):
 def test_route_ranks_of_no_messages():
     routing = route_ranks([], np.zeros(3, dtype=np.int64), [])
     assert (routing.routes, routing.wanted, routing.units) == ([], {}, {})
+
+
+@given(st.lists(st.integers(0, 60), max_size=40), st.sampled_from([61, 100, 1 << 20]))
+@settings(max_examples=100, deadline=None)
+def test_unique_inverse_is_numpys_by_counting_and_by_sorting(keys, size):
+    # a key space of a few times the keys is counted, a larger one sorted: both give np.unique's answer
+    keys = np.asarray(keys, dtype=np.int64)
+    for got, want in zip(_unique_inverse(keys, size), np.unique(keys, return_inverse=True)):
+        _same(got, want)
