@@ -22,6 +22,9 @@ DEFAULT_SHUFFLE_WINDOW = 16_384
 # loader's named error (loader.errors). Below Ray's own 60 s (gcs_rpc_server_reconnect_timeout_s), after which a
 # process cut off from the head exits without a word; above a few of Ray's health checks, so a short flap passes.
 DEFAULT_LIVENESS_TIMEOUT = 30.0
+# Nice value of reading threads above their process's main thread (``loader.stages.decode.reader_priority``): under
+# CPU contention the stages every step waits for run first (docs/benchmarks.md, "Readers yield the CPU").
+DEFAULT_READER_NICE = 8
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,6 +48,7 @@ class LoaderConfig(BatchSpec):
     locality: bool = True
     ranks_per_node: int | None = None
     liveness_timeout: float = DEFAULT_LIVENESS_TIMEOUT
+    reader_nice: int = DEFAULT_READER_NICE
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -54,6 +58,12 @@ class LoaderConfig(BatchSpec):
             raise ValueError(
                 f"liveness_timeout must be a positive number of seconds, got {timeout!r}; it bounds how long a rank "
                 f"waits on a silent coordinator, node or reader before raising (default {DEFAULT_LIVENESS_TIMEOUT:g})"
+            )
+        nice = self.reader_nice
+        if isinstance(nice, bool) or not isinstance(nice, (int, np.integer)) or not 0 <= nice <= 19:
+            raise ValueError(
+                f"reader_nice must be an integer from 0 to 19, got {nice!r}: how far below the process's priority "
+                f"the reading threads run (0: the same; default {DEFAULT_READER_NICE})"
             )
         for key in ("max_seq_len", "num_readers", "shuffle_window", "ranks_per_node"):
             if getattr(self, key) is not None:
@@ -133,7 +143,7 @@ def fingerprint(index: SourceIndex, config: LoaderConfig) -> int:
         key: value
         for key, value in asdict(config).items()
         if key not in ("seed", "backend", "num_readers", "readers", "name", "ray_address", "prefetch_steps", "pin_memory",
-                       "locality", "ranks_per_node", "liveness_timeout")
+                       "locality", "ranks_per_node", "liveness_timeout", "reader_nice")
     }
     model = config.cost_model
     decisive["cost_model"] = None if model is None else [model.quadratic, model.linear, model.constant]

@@ -22,7 +22,7 @@ from loader.stages.assemble import pack
 from loader.config import LoaderConfig
 from loader.stages.pipeline import Resume, warm_up
 from loader.control.protocol import Fetched, Health, Packed, Where
-from loader.stages.decode import decode_unit, fetch_unit, read_unit, readahead_units
+from loader.stages.decode import decode_unit, fetch_unit, read_unit, readahead_units, reader_priority
 from loader.control.runs import RunKey
 from loader.control.service import Service
 from loader.contract.sources import SourceIndex
@@ -68,7 +68,8 @@ class InlineClient:
     def __init__(self, index: SourceIndex, config: LoaderConfig) -> None:
         self.config = config
         workers = config.num_readers or os.cpu_count() or 1
-        self.pool = ThreadPoolExecutor(max_workers=workers)
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="freescale-reader",
+                                       initializer=reader_priority, initargs=(config.reader_nice,))
         readahead = readahead_units(index, workers)
         self.fetching = ThreadPoolExecutor(max_workers=readahead + workers)  # every read in flight, for object storage
         readers = ThreadReaders(index, config, self.pool, self.fetching)

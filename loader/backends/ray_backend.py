@@ -156,7 +156,8 @@ class RayReaders:
         spec = self.index.only(unit)
 
         async def read(i: int) -> Fetched:
-            call = self.readers[i].read.remote(spec, self.config.max_seq_len, self.config.skip_corrupt, self.tag)
+            call = self.readers[i].read.remote(spec, self.config.max_seq_len, self.config.skip_corrupt, self.tag,
+                                                self.config.reader_nice)
             self.inflight.add(call)
             try:
                 meta, ref, pid = await call

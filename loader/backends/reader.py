@@ -24,7 +24,7 @@ from loader.stages.assemble import pack
 from loader.stages.clean import UnitMeta
 from loader.backends.telemetry import record_read
 from loader.control.protocol import Lost
-from loader.stages.decode import decode_unit, fetch_unit
+from loader.stages.decode import decode_unit, fetch_unit, reader_priority
 from loader.contract.sources import SourceIndex
 
 READER_RESTARTS = 8  # per reader actor; a reader that keeps dying points at a real problem
@@ -71,10 +71,11 @@ class Reader:
         self.decoding = threading.Lock()
 
     @ray.method(concurrency_group="read")
-    def read(self, unit: SourceIndex, max_seq_len: int | None, skip_corrupt: bool,
-             loader: str) -> tuple[UnitMeta, ray.ObjectRef, int]:
+    def read(self, unit: SourceIndex, max_seq_len: int | None, skip_corrupt: bool, loader: str,
+             nice: int) -> tuple[UnitMeta, ray.ObjectRef, int]:
         """Read ``unit`` (an index of one row group or part, :meth:`SourceIndex.only`) for the loader
-        tagged ``loader`` in the metrics."""
+        tagged ``loader`` in the metrics, ``nice`` below this process's priority (:func:`reader_priority`)."""
+        reader_priority(nice)
         fetched = fetch_unit(unit, 0, skip_corrupt=skip_corrupt) if unit.files[0].remote else None  # beside a decode
         with self.decoding:
             if fetched is None:  # a local file: its bytes come at page-cache speed, fetched bytes would only wait

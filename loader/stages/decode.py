@@ -16,6 +16,9 @@ part and one slice, never the whole row group. File footers are read once per pr
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,6 +44,24 @@ def readahead_units(index: SourceIndex, readers: int) -> int:
     is the block, the window and this read-ahead."""
     largest = max((u.nbytes for u in index.units), default=0)
     return max(1, min(2 * readers, READ_AHEAD_BYTES // max(largest, 1)))
+
+
+def reader_priority(nice: int) -> None:
+    """Run the calling (reading) thread ``nice`` steps below its process's main thread: Linux, where the nice value
+    is per thread; elsewhere nothing. Where every CPU is busy, the stages each step waits for (cutting, planning,
+    delivery, the trainer's own work) then run first and decoding takes the CPU they leave, while the read-ahead
+    (:func:`readahead_units`) keeps it ahead of them; an idle CPU runs a reader whatever its nice value. The value
+    is set, not added: calling again changes nothing. Raising a thread's priority again needs privileges, so a
+    warm reader actor keeps the lowest priority a loader gave it."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        target = min(19, os.getpriority(os.PRIO_PROCESS, os.getpid()) + nice)
+        thread = threading.get_native_id()
+        if os.getpriority(os.PRIO_PROCESS, thread) < target:
+            os.setpriority(os.PRIO_PROCESS, thread, target)
+    except OSError:  # a sandbox that forbids it: the reader keeps its priority
+        pass
 
 
 _SLACK = 1024  # bytes fetched past a row group's last column chunk: pyarrow pads the chunks of some old writers'

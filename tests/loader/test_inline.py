@@ -1,6 +1,9 @@
 """SequenceLoader end to end on the inline backend: exactly-once, layout, content, faults, state."""
 
 import math
+import os
+import sys
+import threading
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -168,6 +171,8 @@ def test_bad_arguments_name_the_value(data):
         (dict(name=""), r"name must be a non-empty string or None, got ''"),
         (dict(pin_memory=True), r"pin_memory=True needs a CUDA device"),
         (dict(planner="greedy"), r"planner must be one of .*'naive'.*, got 'greedy'"),
+        (dict(reader_nice=20), r"reader_nice must be an integer from 0 to 19, got 20"),
+        (dict(reader_nice=-1), r"reader_nice must be an integer from 0 to 19, got -1"),
     ]
     for kwargs, message in cases:
         with pytest.raises(ValueError, match=message):
@@ -179,6 +184,22 @@ def test_bad_arguments_name_the_value(data):
             loader.iter_rank(0, epoch=-1)
     with pytest.raises(RuntimeError, match="this SequenceLoader is closed"):
         loader.iter_steps()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")
+@pytest.mark.parametrize("nice", [0, 3])
+def test_reader_threads_run_reader_nice_below_the_process(data, nice):
+    # the reading threads yield the CPU to the stages every step waits for; nothing else in the process moves
+    def nice_of(tid: int) -> int:
+        return int(open(f"/proc/self/task/{tid}/stat").read().rsplit(")", 1)[1].split()[16])
+
+    main = nice_of(os.getpid())
+    with _loader(data, ranks=2, microbatches=2, samples_per_step=40, reader_nice=nice) as loader:
+        collect(loader)
+        readers = [t for t in threading.enumerate() if t.name.startswith("freescale-reader")]
+        assert readers and {nice_of(t.native_id) for t in readers} == {min(19, main + nice)}
+        others = [t for t in threading.enumerate() if not t.name.startswith("freescale-reader")]
+        assert {nice_of(t.native_id) for t in others} == {main}
 
 
 def test_a_step_that_cannot_be_planned_names_step_and_fix(data):
