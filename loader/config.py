@@ -23,7 +23,7 @@ DEFAULT_SHUFFLE_WINDOW = 16_384
 # process cut off from the head exits without a word; above a few of Ray's health checks, so a short flap passes.
 DEFAULT_LIVENESS_TIMEOUT = 30.0
 # Nice value of reading threads above their process's main thread (``loader.stages.decode.reader_priority``): under
-# CPU contention the stages every step waits for run first (docs/benchmarks.md, "Readers yield the CPU").
+# CPU contention the stages every step waits for run first (docs/benchmarks.md, "Where a one-process epoch waits").
 DEFAULT_READER_NICE = 8
 
 
