@@ -81,7 +81,6 @@ def bin_totals_ref(rank, microbatch, costs, lengths, ranks, microbatches):
             np.bincount(bins, minlength=ranks * microbatches).astype(np.int64).reshape(shape))
 
 
-
 @njit(cache=True, nogil=True)
 def group_by_bin(rank, microbatch, microbatches, offsets):
     """Samples grouped by bin ``rank * microbatches + microbatch``, ascending index inside a bin (a stable
@@ -99,6 +98,7 @@ def group_by_bin(rank, microbatch, microbatches, offsets):
 def group_by_bin_ref(rank, microbatch, microbatches, offsets):
     """Plain twin of ``group_by_bin``: a stable argsort of the bins."""
     return np.argsort(rank.astype(np.int64) * microbatches + microbatch, kind="stable")
+
 
 _PAIRWISE_BLOCK = 128  # NumPy's PW_BLOCKSIZE
 

@@ -36,8 +36,8 @@ def _prefetch(typingctx, array, index):
         pointer = builder.bitcast(address, ir.IntType(8).as_pointer())
         i32 = ir.IntType(32)
         name = "llvm.prefetch.p0" if str(pointer.type) == "ptr" else "llvm.prefetch.p0i8"  # opaque or typed pointers
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [pointer.type, i32, i32, i32]),
-                                            name)
+        signature_ir = ir.FunctionType(ir.VoidType(), [pointer.type, i32, i32, i32])
+        fn = cgutils.get_or_insert_function(builder.module, signature_ir, name)
         builder.call(fn, [pointer, i32(0), i32(3), i32(1)])  # read, keep in all levels, data cache
         return context.get_dummy_value()
 
