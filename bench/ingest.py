@@ -691,7 +691,7 @@ def run_ours(ds: dict, cols: list[str], cfg: dict, clock: dict, *, dataloader: b
 
     R = cfg["R"]
     kwargs = dict(ranks=R, microbatches=cfg["M"], samples_per_step=cfg["G"], backend=backend, seed=cfg["seed"])
-    if cfg.get("reader_nice") is not None:
+    if cfg["reader_nice"] is not None:
         kwargs["reader_nice"] = cfg["reader_nice"]
     if backend == "ray" and readers != "auto":
         kwargs["readers"] = readers

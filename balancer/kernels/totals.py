@@ -176,13 +176,11 @@ def layout_scores(loads, rank_of_bin, ranks, microbatches):
     slot_of_bin = np.empty(n_bins, dtype=np.int64)
     filled = np.zeros(ranks, dtype=np.int64)
     grid = np.zeros((ranks, microbatches))
-    peak = 0.0
     for b in by_load:
         r = rank_of_bin[b]
         slot_of_bin[b] = filled[r]
         grid[r, filled[r]] = loads[b]
         filled[r] += 1
-        peak = max(peak, loads[b])
     column_max = np.zeros(microbatches)
     column_mean = np.zeros(microbatches)
     if microbatches == 1:  # NumPy's mean over ranks of one column: one contiguous sum, pairwise
@@ -202,7 +200,7 @@ def layout_scores(loads, rank_of_bin, ranks, microbatches):
     rank_max = 0.0
     for r in range(ranks):
         rank_max = max(rank_max, pairwise_sum(flat, r * microbatches, microbatches))
-    return slot_of_bin, peak, bubble, lockstep, rank_max
+    return slot_of_bin, column_max.max(), bubble, lockstep, rank_max
 
 
 def layout_scores_ref(loads, rank_of_bin, ranks, microbatches):

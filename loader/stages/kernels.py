@@ -48,14 +48,14 @@ def _prefetch(typingctx, array, index):
 def _copy_ranges(src, src_starts, lengths, dst, dst_starts):
     rows = lengths.shape[0]
     line = _LINE // src.itemsize
-    for i in range(min(PREFETCH_AHEAD, rows)):
-        _prefetch(src, src_starts[i])
-    for i in range(rows):
+    for i in range(-PREFETCH_AHEAD, rows):  # the first PREFETCH_AHEAD rounds only ask
         ahead = i + PREFETCH_AHEAD
-        if ahead < rows and lengths[ahead] > 0:
+        if ahead < rows and lengths[ahead] > 0:  # an empty row may start past the array's end
             _prefetch(src, src_starts[ahead])
             if lengths[ahead] > line:
                 _prefetch(src, src_starts[ahead] + line)
+        if i < 0:
+            continue
         s, d, n = src_starts[i], dst_starts[i], lengths[i]
         if n <= _SHORT:  # short histories: a plain loop beats a slice copy's set-up (22% on median 15)
             for k in range(n):
