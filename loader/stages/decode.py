@@ -10,7 +10,9 @@ group's carried column chunks in one ranged read (one request to object storage)
 :func:`decode_unit` decodes it from memory. A part of a row group (:data:`loader.contract.sources.PART_BYTES`)
 is not fetched: its rows are taken from the process's pass over the row group (:mod:`loader.stages.passes`),
 whose pages are read as they are decoded, ``SLICE_BYTES`` at a time, into arrays sized once: memory for the
-part and one slice, never the whole row group. File footers are read once per process and file
+part and one slice, never the whole row group. On object storage, where each request waits and costs, a row
+group's parts share one fetch of the whole row group's chunks (up to ``REMOTE_PASS_BYTES``), and its pass
+decodes from them. File footers are read once per process and file
 (:meth:`loader.contract.sources.DataFile.footer`), not once per row group.
 """
 
@@ -19,6 +21,8 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,7 +31,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from loader.stages.clean import Chunk, ListColumn, clean, corrupt
-from loader.contract.sources import DataFile, SourceIndex, carried_chunks
+from loader.contract.sources import DataFile, SourceIndex, Unit, carried_chunks
 from loader.stages.passes import PASSES
 
 # What pyarrow raises for pages that do not decode (bad compression, garbled encodings, short reads).
@@ -36,6 +40,7 @@ READ_AHEAD_BYTES = 512 << 20  # decoded units read ahead of the current shuffle 
 SLICE_BYTES = 32 << 20  # a part is decoded about this many bytes at a time (docs/benchmarks.md "Row groups in
 STREAM_BUFFER = 1 << 20  # parts"); its pages read through a buffer of this many bytes from a local file,
 REMOTE_BUFFER = 8 << 20  # and of this many from object storage (one request each)
+REMOTE_PASS_BYTES = 512 << 20  # a row group on object storage read in parts is fetched whole up to this size
 
 
 def readahead_units(index: SourceIndex, readers: int) -> int:
@@ -79,7 +84,8 @@ class RowGroupBytes:
     data: pa.Buffer | None
     metadata: pq.FileMetaData | None
     size: int = 0
-    streamed: bool = False  # nothing fetched: a part, taken from the process's pass over its row group
+    streamed: bool = False  # a part, taken from the process's pass over its row group (``data``: the whole row
+    # group's carried chunks where its parts on object storage share them, else None: pages read as decoded)
 
 
 def read_unit(index: SourceIndex, unit: int, *, max_seq_len: int | None, skip_corrupt: bool) -> Chunk:
@@ -89,21 +95,23 @@ def read_unit(index: SourceIndex, unit: int, *, max_seq_len: int | None, skip_co
 
 
 def fetch_unit(index: SourceIndex, unit: int, *, skip_corrupt: bool) -> RowGroupBytes:
-    """The bytes of row group ``unit``'s carried column chunks, in one ranged read (pyarrow releases the GIL);
-    none for a part of a row group, whose pages :func:`decode_unit` reads as it decodes them."""
+    """The bytes of row group ``unit``'s carried column chunks, in one ranged read (pyarrow releases the GIL).
+    A part of a row group on a local disk fetches none: :func:`decode_unit` reads its pages as it decodes them.
+    On object storage (up to ``REMOTE_PASS_BYTES``) the parts of a row group share one fetch of the whole row
+    group's chunks (:class:`_SharedFetches`): one request, made ahead like any row group's, where reading pages
+    as decoded would ask ``REMOTE_BUFFER`` at a time, the decode waiting on each answer."""
     u = index.units[unit]
     file = index.files[u.file]
     try:
         metadata = file.footer()
-        if not u.whole:  # pages read as decoded, in one pass over the row group
-            return RowGroupBytes(unit, 0, None, metadata, streamed=True)
         start, stop = _chunk_range(metadata.row_group(u.row_group), set(_names(index)))
-        with file.filesystem.open_input_file(file.path) as stream:
-            size = stream.size()
-            if stop > size:
-                raise OSError(f"its column chunks end at byte {stop}, past the file's end ({size} bytes)")
-            stream.seek(start)
-            data = stream.read_buffer(min(stop + _SLACK, size) - start)
+        if not u.whole:
+            data = None
+            if file.remote and stop - start <= REMOTE_PASS_BYTES:
+                data = SHARED_FETCHES.get(_pass_key(index, file, u), first=u.start == 0,
+                                          read=lambda: _read_range(file, start, stop)[0])
+            return RowGroupBytes(unit, start, data, metadata, file.size, streamed=True)
+        data, size = _read_range(file, start, stop)
     except FileNotFoundError as exc:
         raise FileNotFoundError(f"{file.path}: the file disappeared after the loader indexed it") from exc
     except _DECODE_ERRORS as exc:
@@ -111,6 +119,54 @@ def fetch_unit(index: SourceIndex, unit: int, *, skip_corrupt: bool) -> RowGroup
             return RowGroupBytes(unit, 0, None, None)
         raise _undecodable(index, unit, exc) from exc
     return RowGroupBytes(unit, start, data, metadata, size)
+
+
+def _read_range(file: DataFile, start: int, stop: int) -> tuple[pa.Buffer, int]:
+    """(bytes ``[start, stop)`` of ``file`` and ``_SLACK`` more where the file has them, the file's size)."""
+    with file.filesystem.open_input_file(file.path) as stream:
+        size = stream.size()
+        if stop > size:
+            raise OSError(f"its column chunks end at byte {stop}, past the file's end ({size} bytes)")
+        stream.seek(start)
+        return stream.read_buffer(min(stop + _SLACK, size) - start), size
+
+
+class _SharedFetches:
+    """Row groups on object storage read in parts, fetched whole once per process for all their parts: the
+    first part's fetch reads them, a later part's waits for that read (so no part decodes before the bytes are
+    here, and none asks the server again) or takes them while a part or a pass still holds them (they are held
+    weakly here); a part that finds neither fetch continues its row group's pass (:mod:`loader.stages.passes`)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.reading: dict[tuple, threading.Event] = {}
+        self.held: weakref.WeakValueDictionary[tuple, pa.Buffer] = weakref.WeakValueDictionary()
+        self.pid = os.getpid()
+
+    def get(self, key: tuple, *, first: bool, read: Callable[[], pa.Buffer]) -> pa.Buffer | None:
+        """Row group ``key``'s bytes: held ones, the ones being read (None where that read failed), read now by
+        the ``first`` part, or None."""
+        with self.lock:
+            if self.pid != os.getpid():  # a forked child: the parent's reads finish in the parent
+                self.reading, self.held, self.pid = {}, weakref.WeakValueDictionary(), os.getpid()
+            data, reading = self.held.get(key), self.reading.get(key)
+            if data is not None or (reading is None and not first):
+                return data
+            if reading is None:
+                self.reading[key] = threading.Event()
+        if reading is not None:
+            reading.wait()
+            return self.held.get(key)
+        try:
+            data = read()
+            self.held[key] = data
+            return data
+        finally:
+            with self.lock:
+                self.reading.pop(key).set()
+
+
+SHARED_FETCHES = _SharedFetches()
 
 
 def decode_unit(index: SourceIndex, fetched: RowGroupBytes, *, max_seq_len: int | None,
@@ -131,7 +187,7 @@ def decode_unit(index: SourceIndex, fetched: RowGroupBytes, *, max_seq_len: int 
     file = index.files[u.file]
     try:
         if fetched.streamed:
-            decoded = _decode_part(index, unit, file, fetched.metadata)
+            decoded = _decode_part(index, fetched, file)
         else:
             parquet = pq.ParquetFile(pa.PythonFile(_RangeFile(fetched.data, fetched.start, fetched.size), mode="r"),
                                      metadata=fetched.metadata)
@@ -167,20 +223,23 @@ def _whole(column: pa.ChunkedArray | pa.Array) -> pa.Array:
     return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
 
 
-def _decode_part(index: SourceIndex, unit: int, file: DataFile, metadata: pq.FileMetaData) -> Decoded:
-    """Part ``unit`` of a row group, taken from this process's pass over it (:mod:`loader.stages.passes`; a new
-    one from the row group's start where none can reach the part), ``SLICE_BYTES`` at a time into arrays sized
-    once from the footer (rows; the row group's leaf values, which bound a part's events; what the part leaves
-    untouched is never resident)."""
+def _decode_part(index: SourceIndex, fetched: RowGroupBytes, file: DataFile) -> Decoded:
+    """Part ``fetched.unit`` of a row group, taken from this process's pass over it (:mod:`loader.stages.passes`;
+    a new one from the row group's start where none can reach the part: over the fetched bytes where the part
+    brought the row group's, else over the file), ``SLICE_BYTES`` at a time into arrays sized once from the
+    footer (rows; the row group's leaf values, which bound a part's events; what the part leaves untouched is
+    never resident)."""
+    unit, metadata = fetched.unit, fetched.metadata
     u = index.units[unit]
     group = metadata.row_group(u.row_group)
     names = _names(index)
-    key = (file.filesystem.type_name, file.path, file.size, u.row_group, tuple(names))
+    key = _pass_key(index, file, u)
     run = PASSES.acquire(key, u.start)
     done = True  # unless the part ends before the row group: a failed pass is closed
     try:
         if run.batches is None:  # a new pass
-            source = file.filesystem.open_input_file(file.path)
+            source = (file.filesystem.open_input_file(file.path) if fetched.data is None else
+                      pa.PythonFile(_RangeFile(fetched.data, fetched.start, fetched.size), mode="r"))
             parquet = pq.ParquetFile(source, metadata=metadata, pre_buffer=False,
                                      buffer_size=REMOTE_BUFFER if file.remote else STREAM_BUFFER)
             batch_rows = max(1, u.rows * SLICE_BYTES // max(u.nbytes, 1))
@@ -278,6 +337,11 @@ def _put_mask(mask: np.ndarray | None, part: np.ndarray | None, start: int, size
 
 def _names(index: SourceIndex) -> list[str]:
     return [index.columns.user, *(column for column, _ in index.lists)]
+
+
+def _pass_key(index: SourceIndex, file: DataFile, u: Unit) -> tuple:
+    """What a row group read in parts is known by in this process (:data:`PASSES`, :data:`SHARED_FETCHES`)."""
+    return file.filesystem.type_name, file.path, file.size, u.row_group, tuple(_names(index))
 
 
 def _chunk_range(group: pq.RowGroupMetaData, names: set[str]) -> tuple[int, int]:

@@ -4,6 +4,7 @@ decoded whole, whatever order its parts are asked in."""
 import itertools
 import multiprocessing
 import random
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -263,3 +264,48 @@ def _users_and_passes(index, unit):
     real = pq.ParquetFile.iter_batches
     pq.ParquetFile.iter_batches = lambda self, *a, **k: (opened.append(1), real(self, *a, **k))[1]
     return _read(index, unit).rows.user_ids.tolist(), len(opened)
+
+
+def test_parts_share_one_fetch_of_their_row_group():
+    """The first part reads the row group's bytes; a part asked meanwhile waits for that read instead of reading
+    again, and takes the bytes while anything holds them; a failed read leaves the waiters with none (they read
+    as decoded, and meet the error themselves)."""
+    shared = decode._SharedFetches()
+    reads, release = [], threading.Event()
+
+    def read():
+        reads.append(1)
+        release.wait(5)
+        return pa.py_buffer(b"row group")
+
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(shared.get, "g", first=True, read=read)
+        while not reads:
+            time.sleep(0.001)
+        later = pool.submit(shared.get, "g", first=False, read=read)
+        time.sleep(0.05)
+        assert not later.done()  # waits for the first part's read
+        release.set()
+        data = first.result(5)
+        assert later.result(5) is data and len(reads) == 1
+    assert shared.get("g", first=False, read=read) is data and len(reads) == 1  # held by a part: taken
+    del data, first, later
+    assert shared.get("g", first=False, read=read) is None and len(reads) == 1  # nothing holds it: not read again
+
+    def fails():
+        reads.append(1)
+        release.wait(5)
+        raise OSError("gone")
+
+    release.clear()
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(shared.get, "h", first=True, read=fails)
+        while len(reads) < 2:
+            time.sleep(0.001)
+        later = pool.submit(shared.get, "h", first=False, read=fails)
+        time.sleep(0.02)
+        release.set()
+        with pytest.raises(OSError, match="gone"):
+            first.result(5)
+        assert later.result(5) is None
+    assert not shared.reading

@@ -17,6 +17,7 @@ from loader.contract.sources import index_source
 from .helpers import assert_resume_equal, backend_options, by_threads, collect, histories, source_histories, synth
 
 moto_server = pytest.importorskip("moto.server", reason="needs the test extra (moto[server])")
+from moto.s3.responses import S3Response  # noqa: E402 (after the skip)
 
 BUCKET = "histories"
 KWARGS = dict(ranks=3, microbatches=2, samples_per_step=37, shuffle_window=60, max_seq_len=30, seed=4, num_readers=2)
@@ -68,17 +69,26 @@ def test_s3_rows_exactly_once_and_batches_as_from_local_disk(request, s3, backen
     assert stats["rows_read"] == stats["rows_delivered"] == 200
 
 
-def test_s3_row_groups_in_parts_are_read_as_from_local_disk(s3, monkeypatch):
-    """Row groups listed in parts, each part taken from a pass that reads the row group's pages from the server
-    as it decodes them (nothing fetched first): the same steps as from local disk."""
+def test_s3_row_groups_in_parts_are_read_as_from_local_disk_with_one_request_each(s3, monkeypatch):
+    """Row groups listed in parts: their parts share one ranged read of the row group (fetched ahead, as a whole
+    row group is) and a pass decodes them from it; the same steps as from local disk, and one GET per row group
+    (reading pages as decoded would ask the server once per column chunk and buffer)."""
     uri, local = s3
     monkeypatch.setattr(sources, "PART_BYTES", 250)
     index = index_source(uri)
     assert max(u.parts for u in index.units) >= 3
-    assert fetch_unit(index, 1, skip_corrupt=False).streamed  # a part: no ranged read ahead of its pass
+    first = fetch_unit(index, 0, skip_corrupt=False)
+    assert first.streamed and first.data is not None  # the whole row group's chunks, for its parts
+    assert fetch_unit(index, 1, skip_corrupt=False).data is first.data  # shared while a part holds them
+    del first
+    gets = []
+    get = S3Response._key_response_get
+    monkeypatch.setattr(S3Response, "_key_response_get", lambda self, *a, **k: gets.append(1) or get(self, *a, **k))
     with SequenceLoader(local, backend="inline", **KWARGS) as disk, SequenceLoader(uri, backend="inline",
                                                                                    **KWARGS) as remote:
+        gets.clear()  # after the footers
         assert collect(remote) == collect(disk)
+    assert len(gets) == len({(u.file, u.row_group) for u in index.units})
 
 
 @pytest.mark.parametrize("backend", ["inline", "ray"])
