@@ -1106,6 +1106,8 @@ def main(argv=None) -> dict:
 
     if "ours_s3" in args.contenders and have_ours:
         _S3.append(S3Store())  # before Ray starts: its readers inherit the credentials
+        for ds in datasets:  # uploaded before any pass, so no warm-up's first batch waits for it
+            _S3[0].uri(ds)
     temp_dir = tempfile.mkdtemp(prefix="rb", dir="/tmp")  # short: Ray's socket paths have a length limit
     ray.init(num_cpus=args.num_cpus, include_dashboard=False, _temp_dir=temp_dir, logging_level=logging.WARNING,
              log_to_driver=False)

@@ -220,7 +220,10 @@ def _columns(index: SourceIndex, table: pa.Table | pa.RecordBatch) -> Decoded:
 
 
 def _whole(column: pa.ChunkedArray | pa.Array) -> pa.Array:
-    return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    """``column`` as one array: its chunk where it has one (``combine_chunks`` copies even a single chunk)."""
+    if not isinstance(column, pa.ChunkedArray):
+        return column
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
 
 
 def _decode_part(index: SourceIndex, fetched: RowGroupBytes, file: DataFile) -> Decoded:

@@ -309,3 +309,14 @@ def test_parts_share_one_fetch_of_their_row_group():
             first.result(5)
         assert later.result(5) is None
     assert not shared.reading
+
+
+def test_a_column_of_one_chunk_is_taken_without_a_copy():
+    """A whole row group's column comes back from pyarrow as one chunk: taken as is (``combine_chunks`` would copy
+    it); columns of several chunks are joined."""
+    one = pa.chunked_array([pa.array([[1, 2], [3]], pa.list_(pa.int64()))])
+    assert decode._whole(one).values.buffers()[1].address == one.chunk(0).values.buffers()[1].address
+    two = pa.chunked_array([pa.array([[1, 2]]), pa.array([[3]])])
+    assert decode._whole(two).to_pylist() == [[1, 2], [3]]
+    array = pa.array([1, 2])
+    assert decode._whole(array) is array
