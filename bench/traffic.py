@@ -35,7 +35,10 @@ Contenders, one pass each per layout:
 Measured per pass: the link's bytes (rx + tx of the head's end of the veth, so a byte crossing once counts
 once) from just before the pass's processes start to after they have all exited; the delivered event bytes
 (sum over delivered microbatches / batches of the nbytes of every event column's values, offsets and user ids
-not counted); ratio = link / delivered. Control traffic (GCS, heartbeats, process start-up) crosses too and is
+not counted); ratio = link / delivered. Wall time: the epoch's, from the go that every process waits for once it
+is up (Python, its imports and ``ray.init`` done; Ray Data's consumer actors started) to the last batch of any
+rank, as bench/ingest.py times its trainer processes (a trainer's start is not its loader's epoch); ``procs s``
+beside: from the processes' start to their exit. Control traffic (GCS, heartbeats, process start-up) crosses too and is
 NOT subtracted: after each pass the link is read again over an idle window of the pass's duration, printed
 beside as ``idle``. Exactly-once: the delivered user ids of all ranks against the dataset's.
 For ours, the plan's figures from ``loader.stats()`` (crossing fractions, max/LB) are printed as found.
@@ -115,6 +118,37 @@ def microbatch_event_bytes(mb) -> int:
     return sum(tensor_bytes(t) for t in columns)
 
 
+def ready_then_go(barrier: Path, name: str) -> None:
+    """Say this process is up (Python, its imports and ``ray.init`` done) and wait for the driver's go: the epoch's
+    wall time starts there, for every contender alike, as a trainer's start is not its loader's epoch."""
+    (barrier / f"ready-{name}").touch()
+    deadline = time.monotonic() + BARRIER_TIMEOUT_S
+    while not (barrier / "go").exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no go from the driver in {BARRIER_TIMEOUT_S:.0f} s")
+        time.sleep(0.005)
+
+
+def release(barrier: Path, names: list[str], procs: list, logs: list[Path], timeout: float) -> float:
+    """Wait until every process in ``names`` is ready (:func:`ready_then_go`), then let them go; the go's
+    ``time.monotonic()`` (one clock for every namespace of this machine). A process that exits first fails."""
+    deadline = time.monotonic() + timeout
+    while not all((barrier / f"ready-{name}").exists() for name in names):
+        if any(p.poll() is not None for p in procs):
+            wait_all(procs, logs, 0.0)  # raises with the failed one's log, ends the rest
+            raise RuntimeError("a process exited before it was ready")
+        if time.monotonic() > deadline:
+            for p in procs:
+                p.kill()
+                p.wait()
+            late = [name for name in names if not (barrier / f"ready-{name}").exists()]
+            raise TimeoutError(f"{', '.join(late)} not up after {timeout:.0f} s (logs in {barrier})")
+        time.sleep(0.01)
+    go = time.monotonic()
+    (barrier / "go").touch()
+    return go
+
+
 def wait_for_ranks(results: Path, ranks: int) -> None:
     """Block until every rank has written its result (so no loader closes while another still reads)."""
     deadline = time.monotonic() + BARRIER_TIMEOUT_S
@@ -139,6 +173,7 @@ def rank_main(spec: dict) -> None:
     # driver to the head's raylet (ray._private.services.get_node_to_connect_for_driver): name this node's IP,
     # as a trainer on its own host would find only its own raylet. The loader then joins this Ray.
     ray.init(address=spec["address"], _node_ip_address=spec["ip"], logging_level="WARNING", log_to_driver=False)
+    ready_then_go(Path(spec["results"]), f"rank{spec['rank']}")
     users, event_bytes, microbatches = [], 0, 0
     with SequenceLoader(spec["data"], **kwargs) as sl:
         for mb in sl.iter_rank(spec["rank"]):
@@ -147,7 +182,7 @@ def rank_main(spec: dict) -> None:
             microbatches += 1
         out = {"rank": spec["rank"], "node": ray.get_runtime_context().get_node_id(), "event_bytes": event_bytes,
                "microbatches": microbatches, "users": np.concatenate(users).tolist() if users else [],
-               "stats": sl.stats()}
+               "end": time.monotonic(), "stats": sl.stats()}
         results = Path(spec["results"])
         (results / f"rank{spec['rank']}.json.tmp").write_text(json.dumps(out, default=str))
         (results / f"rank{spec['rank']}.json.tmp").rename(results / f"rank{spec['rank']}.json")
@@ -163,8 +198,6 @@ def raydata_main(spec: dict) -> None:
     ray.data.DataContext.get_current().enable_progress_bars = False
     node_of_ip = {n["NodeManagerAddress"]: n["NodeID"] for n in ray.nodes() if n["Alive"]}
     hints = [node_of_ip[ip] for ip in spec["rank_ips"]]
-    splits = ray.data.read_parquet(spec["data"]).select_columns(["user_id", *spec["columns"]]).streaming_split(
-        spec["R"], equal=True, locality_hints=hints)
 
     @ray.remote(num_cpus=0)
     class Consumer:
@@ -179,11 +212,19 @@ def raydata_main(spec: dict) -> None:
             return {"node": ray.get_runtime_context().get_node_id(), "event_bytes": event_bytes,
                     "microbatches": batches, "users": np.concatenate(users).tolist() if users else []}
 
+        def ready(self) -> None:
+            from bench.ingest import make_collate  # noqa: F401 (imported before the epoch, as a trainer would)
+
     consumers = [Consumer.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
                  for node in hints]
+    ray.get([c.ready.remote() for c in consumers])  # Ray Train's workers are up before their feed starts
+    ready_then_go(Path(spec["barrier"]), "raydata")
+    splits = ray.data.read_parquet(spec["data"]).select_columns(["user_id", *spec["columns"]]).streaming_split(
+        spec["R"], equal=True, locality_hints=hints)
     batch_size = max(1, spec["G"] // spec["R"])
     outs = ray.get([c.drain.remote(s, batch_size, spec["columns"]) for c, s in zip(consumers, splits)])
-    print(json.dumps([{"rank": r, **o} for r, o in enumerate(outs)]), flush=True)
+    end = time.monotonic()
+    print(json.dumps([{"rank": r, "end": end, **o} for r, o in enumerate(outs)]), flush=True)
     ray.shutdown()
 
 
@@ -194,8 +235,8 @@ def rank_ips(cluster, R: int, ranks_per_node: int) -> list[str]:
     return [cluster.ips[r // ranks_per_node] for r in range(R)]
 
 
-def run_ours(cluster, ds: dict, cfg: dict, contender: str, work: Path) -> list[dict]:
-    """One trainer process per rank inside its node's namespace; their per-rank results."""
+def run_ours(cluster, ds: dict, cfg: dict, contender: str, work: Path) -> tuple[float, list[dict]]:
+    """One trainer process per rank inside its node's namespace: when they were let go, their per-rank results."""
     results = work / f"{contender}-{uuid.uuid4().hex[:8]}"
     results.mkdir()
     spec = {"R": cfg["R"], "M": cfg["M"], "G": cfg["G"], "data": ds["path"], "address": cluster.address,
@@ -207,20 +248,24 @@ def run_ours(cluster, ds: dict, cfg: dict, contender: str, work: Path) -> list[d
         procs.append(cluster.popen_in_ns(cluster.ips.index(ip), [sys.executable, str(THIS), "_rank",
                                                                    json.dumps({**spec, "rank": rank, "ip": ip})],
                                          stdout=log, stderr=log))
-    wait_all(procs, [results / f"rank{r}.log" for r in range(len(procs))], cfg["timeout"])
-    return [json.loads((results / f"rank{r}.json").read_text()) for r in range(cfg["R"])]
+    logs = [results / f"rank{r}.log" for r in range(len(procs))]
+    go = release(results, [f"rank{r}" for r in range(len(procs))], procs, logs, cfg["timeout"])
+    wait_all(procs, logs, cfg["timeout"])
+    return go, [json.loads((results / f"rank{r}.json").read_text()) for r in range(cfg["R"])]
 
 
-def run_raydata(cluster, ds: dict, cfg: dict, work: Path) -> list[dict]:
-    spec = {"R": cfg["R"], "G": cfg["G"], "data": ds["path"], "address": cluster.address,
+def run_raydata(cluster, ds: dict, cfg: dict, work: Path) -> tuple[float, list[dict]]:
+    barrier = work / f"raydata-{uuid.uuid4().hex[:8]}"
+    barrier.mkdir()
+    spec = {"R": cfg["R"], "G": cfg["G"], "data": ds["path"], "address": cluster.address, "barrier": str(barrier),
             "columns": cfg["columns"], "rank_ips": rank_ips(cluster, cfg["R"], cfg["ranks_per_node"])}
-    log = work / f"raydata-{uuid.uuid4().hex[:8]}.log"
-    out = work / f"{log.stem}.out"
+    log, out = barrier / "driver.log", barrier / "driver.out"
     with open(log, "w") as err, open(out, "w") as stdout:
         proc = cluster.popen_in_ns(0, [sys.executable, str(THIS), "_raydata", json.dumps(spec)], stdout=stdout,
                                    stderr=err)
+        go = release(barrier, ["raydata"], [proc], [log], cfg["timeout"])
         wait_all([proc], [log], cfg["timeout"])
-    return json.loads(out.read_text().strip().splitlines()[-1])
+    return go, json.loads(out.read_text().strip().splitlines()[-1])
 
 
 def wait_all(procs: list, logs: list[Path], timeout: float) -> None:
@@ -280,16 +325,17 @@ def summarise(contender: str, per_rank: list[dict], ds: dict, link: int, wall: f
 def measure(cluster, ds: dict, cfg: dict, contender: str, work: Path, *, idle: bool) -> dict:
     """One pass of ``contender``: the link's bytes around it, what it delivered, and (``idle``) the link's
     bytes over an idle window as long as the pass."""
-    before, start = cluster.link_bytes(), time.perf_counter()
+    before, start = cluster.link_bytes(), time.monotonic()
     if contender == "raydata":
-        per_rank = run_raydata(cluster, ds, cfg, work)
+        go, per_rank = run_raydata(cluster, ds, cfg, work)
     else:
-        per_rank = run_ours(cluster, ds, cfg, contender, work)
-    wall, link = time.perf_counter() - start, cluster.link_bytes() - before
-    row = summarise(contender, per_rank, ds, link, wall, cfg)
+        go, per_rank = run_ours(cluster, ds, cfg, contender, work)
+    processes, link = time.monotonic() - start, cluster.link_bytes() - before
+    row = summarise(contender, per_rank, ds, link, max(r["end"] for r in per_rank) - go, cfg)
+    row["processes_wall_s"] = processes
     if idle:
         quiet = cluster.link_bytes()
-        time.sleep(wall)
+        time.sleep(processes)
         row["idle_bytes"] = cluster.link_bytes() - quiet
         row["idle_ratio"] = row["idle_bytes"] / row["delivered_event_bytes"] if row["delivered_event_bytes"] else None
     return row
@@ -299,7 +345,7 @@ def measure(cluster, ds: dict, cfg: dict, contender: str, work: Path, *, idle: b
 
 
 HEADER = (f"{'R':>2} {'per node':>8} {'contender':>11} {'link MB':>9} {'event MB':>9} {'ratio':>7} "
-          f"{'idle MB':>8} {'idle ratio':>10} {'wall s':>7}  check; plan")
+          f"{'idle MB':>8} {'idle ratio':>10} {'wall s':>7} {'procs s':>7}  check; plan")
 
 
 def print_row(row: dict) -> None:
@@ -315,7 +361,7 @@ def print_row(row: dict) -> None:
         check += "; RANKS NOT ON THEIR NODES"
     plan = json.dumps(row["plan"]) if row.get("plan") is not None else "-"
     print(f"{head} {row['link_bytes'] / 1e6:9.2f} {row['delivered_event_bytes'] / 1e6:9.2f} {row['ratio']:7.4f} "
-          f"{idle_s} {row['wall_s']:7.1f}  {check}; {plan}", flush=True)
+          f"{idle_s} {row['wall_s']:7.1f} {row['processes_wall_s']:7.1f}  {check}; {plan}", flush=True)
 
 
 def verdicts(rows: list[dict]) -> list[dict]:
