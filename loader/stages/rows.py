@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from loader.stages.kernels import copy_ranges
+from loader.stages.kernels import copy_ranges_ref, copy_rows, group_rows, take_rows
 
 @dataclass
 class Rows:
@@ -69,22 +69,18 @@ def gather(
     """Output row i is ``sources[source[i]]``'s row ``row[i]`` (source, row: int (n,)).
 
     Every source carries the event columns ``dtypes``; ``empty(size, dtype)`` allocates each output
-    array (the trainer side passes one that returns views of torch tensors, pinned if asked).
+    array (the trainer side passes one that returns views of torch tensors, pinned if asked). Per source, one
+    kernel takes its rows' lengths, user ids and cuts, and one per column copies their events
+    (:mod:`loader.stages.kernels`); :func:`gather_ref` is the NumPy twin.
     """
     n = len(source)
-    lengths = np.empty(n, dtype=np.int64)
+    starts, lengths = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)  # of each row in its source
     user_ids = empty(n, np.dtype(np.int64))
     cut = np.empty(n, dtype=np.int64)
-    # groups: output positions grouped by source, ascending inside each group
-    by_source = np.argsort(source, kind="stable")
-    bounds = np.searchsorted(source[by_source], np.arange(len(sources) + 1))
-    groups = [(s, by_source[bounds[s] : bounds[s + 1]]) for s in range(len(sources))]
-    groups = [(s, out) for s, out in groups if len(out)]
+    order, bounds = group_rows(source, len(sources))
+    groups = [(s, order[bounds[s] : bounds[s + 1]]) for s in range(len(sources)) if bounds[s + 1] > bounds[s]]
     for s, out in groups:
-        picked = row[out]
-        lengths[out] = sources[s].offsets[picked + 1] - sources[s].offsets[picked]
-        user_ids[out] = sources[s].user_ids[picked]
-        cut[out] = sources[s].cut[picked]
+        take_rows(row, out, sources[s].offsets, sources[s].user_ids, sources[s].cut, starts, lengths, user_ids, cut)
     offsets = empty(n + 1, np.dtype(np.int64))
     offsets[0] = 0
     np.cumsum(lengths, out=offsets[1:])
@@ -92,7 +88,29 @@ def gather(
     for name, dtype in dtypes.items():
         dst = empty(int(offsets[-1]), np.dtype(dtype))
         for s, out in groups:
-            src = sources[s]
-            copy_ranges(src.events[name], src.offsets[row[out]], lengths[out], dst, offsets[out])
+            copy_rows(sources[s].events[name], starts, lengths, out, dst, offsets)
         events[name] = dst
     return Rows(user_ids=user_ids, offsets=offsets, events=events, cut=cut)
+
+
+def gather_ref(sources: list[Rows], source: np.ndarray, row: np.ndarray, dtypes: dict[str, np.dtype]) -> Rows:
+    """Plain NumPy twin of :func:`gather`: one source's rows at a time, by fancy indexing."""
+    n = len(source)
+    lengths, user_ids, cut = (np.zeros(n, dtype=np.int64) for _ in range(3))
+    by_source = np.argsort(source, kind="stable")
+    bounds = np.searchsorted(source[by_source], np.arange(len(sources) + 1))
+    groups = [(s, by_source[bounds[s] : bounds[s + 1]]) for s in range(len(sources))]
+    for s, out in groups:
+        picked = row[out]
+        lengths[out] = sources[s].offsets[picked + 1] - sources[s].offsets[picked]
+        user_ids[out] = sources[s].user_ids[picked]
+        cut[out] = sources[s].cut[picked]
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    events = {}
+    for name, dtype in dtypes.items():
+        events[name] = np.empty(int(offsets[-1]), dtype=dtype)
+        for s, out in groups:
+            src = sources[s]
+            copy_ranges_ref(src.events[name], src.offsets[row[out]], lengths[out], events[name], offsets[out])
+    return Rows(user_ids=user_ids, offsets=offsets, events=events, cut=cut)
+
