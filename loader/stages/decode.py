@@ -156,10 +156,12 @@ class _SharedFetches:
                 self.reading[key] = threading.Event()
         if reading is not None:
             reading.wait()
-            return self.held.get(key)
+            with self.lock:
+                return self.held.get(key)
         try:
             data = read()
-            self.held[key] = data
+            with self.lock:
+                self.held[key] = data
             return data
         finally:
             with self.lock:

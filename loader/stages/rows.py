@@ -70,7 +70,7 @@ def gather(
 
     Every source carries the event columns ``dtypes``; ``empty(size, dtype)`` allocates each output
     array (the trainer side passes one that returns views of torch tensors, pinned if asked). Per source, one
-    kernel takes its rows' lengths, user ids and cuts, and one per column copies their events
+    kernel takes its rows' places (start, length), user ids and cuts, and one per column copies their events
     (:mod:`loader.stages.kernels`); :func:`gather_ref` is the NumPy twin.
     """
     n = len(source)
