@@ -170,18 +170,25 @@ class SortedMembers(NamedTuple):
 @njit(cache=True, nogil=True)
 def sorted_members(bins, costs, n_bins):
     """``SortedMembers`` of ``bins``: a stable counting sort by bin of the samples in (cost, index) order."""
-    by_cost = np.argsort(costs, kind="mergesort")
-    first = np.zeros(n_bins + 1, dtype=np.int64)
-    for i in range(bins.shape[0]):
-        first[bins[i] + 1] += 1
-    for b in range(n_bins):
-        first[b + 1] += first[b]
-    fill = first[:-1].copy()
-    order = np.empty(bins.shape[0], dtype=np.int64)
-    for i in by_cost:
-        order[fill[bins[i]]] = i
-        fill[bins[i]] += 1
+    order, first = counting_sort(bins, np.argsort(costs, kind="mergesort"), n_bins)
     return SortedMembers(order, first, np.zeros(n_bins, dtype=np.bool_))
+
+
+@njit(cache=True, nogil=True)
+def counting_sort(keys, visit, n_keys):
+    """The indices ``visit`` (a permutation of ``range(len(keys))``) grouped by key, in ``visit``'s order inside a
+    key: (order int64 (N,), first int64 (n_keys + 1,)), key k's at ``order[first[k]:first[k + 1]]``."""
+    first = np.zeros(n_keys + 1, dtype=np.int64)
+    for i in range(keys.shape[0]):
+        first[keys[i] + 1] += 1
+    for k in range(n_keys):
+        first[k + 1] += first[k]
+    fill = first[:-1].copy()
+    order = np.empty(keys.shape[0], dtype=np.int64)
+    for i in visit:
+        order[fill[keys[i]]] = i
+        fill[keys[i]] += 1
+    return order, first
 
 
 @njit(cache=True, nogil=True, inline="always")

@@ -20,6 +20,8 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from balancer.kernels.common import counting_sort
+
 _SHORT = 64  # ranges up to this many elements are copied element by element
 PREFETCH_AHEAD = 8  # rows asked for ahead of the one copied (4-32 measured within 10% of each other)
 _LINE = 64  # bytes of a cache line: a row's second line is asked for too where it has one
@@ -91,17 +93,7 @@ def _copy_rows(src, starts, lengths, out, dst, dst_starts):
 def group_rows(source, sources):
     """Output positions grouped by source, ascending inside each (a stable counting sort): int64 (n,), source
     s's at ``bounds[s]:bounds[s + 1]``; returns (positions, bounds (sources + 1,))."""
-    bounds = np.zeros(sources + 1, dtype=np.int64)
-    for i in range(source.shape[0]):
-        bounds[source[i] + 1] += 1
-    for s in range(sources):
-        bounds[s + 1] += bounds[s]
-    cursor = bounds[:-1].copy()
-    order = np.empty(source.shape[0], dtype=np.int64)
-    for i in range(source.shape[0]):
-        order[cursor[source[i]]] = i
-        cursor[source[i]] += 1
-    return order, bounds
+    return counting_sort(source, np.arange(source.shape[0]), sources)
 
 
 @njit(cache=True, nogil=True)
