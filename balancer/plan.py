@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from balancer.cost import DEFAULT_COST_MODEL, CostModel
-from balancer.kernels.totals import bin_totals, group_by_bin
+from balancer.kernels.common import counting_sort
+from balancer.kernels.totals import bin_totals
 from balancer.locality import crossing, plan_local, validate_layout
 from balancer.metrics import balance_metrics
 from balancer.registry import Objective, Problem, Registered, get_planner
@@ -45,9 +46,8 @@ class Plan:
         Returns ``order`` int64 (N,) and ``offsets`` int64 (R*M + 1,): bin b holds
         ``order[offsets[b]:offsets[b + 1]]``.
         """
-        offsets = np.zeros(self.ranks * self.microbatches + 1, dtype=np.int64)
-        np.cumsum(self.counts.reshape(-1), out=offsets[1:])
-        return group_by_bin(self.rank, self.microbatch, self.microbatches, offsets), offsets
+        bins = self.rank.astype(np.int64) * self.microbatches + self.microbatch
+        return counting_sort(bins, np.arange(len(bins)), self.ranks * self.microbatches)
 
     def members(self, rank: int, microbatch: int) -> np.ndarray:
         """Sample indices (ascending) of one bin."""

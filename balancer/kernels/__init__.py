@@ -13,6 +13,6 @@ tie-breaking rules each module states are part of the contract. Bins are ``b = r
 - ``refine``, ``exchange``, ``tighten``: the local searches that polish a start;
 - ``locality``: the node split and the trades of the locality-aware plan;
 - ``compose``: step composition's cores, repair and even layers, and a window's time;
-- ``totals``: per-bin totals of a plan, the summary its metrics come from, a candidate's layout and scores, the
-  samples grouped by bin, and NumPy's pairwise sum (scores equal to the last bit).
+- ``totals``: per-bin totals of a plan, the summary its metrics come from, a candidate's layout and scores, and
+  NumPy's pairwise sum (scores equal to the last bit).
 """

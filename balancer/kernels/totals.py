@@ -81,25 +81,6 @@ def bin_totals_ref(rank, microbatch, costs, lengths, ranks, microbatches):
             np.bincount(bins, minlength=ranks * microbatches).astype(np.int64).reshape(shape))
 
 
-@njit(cache=True, nogil=True)
-def group_by_bin(rank, microbatch, microbatches, offsets):
-    """Samples grouped by bin ``rank * microbatches + microbatch``, ascending index inside a bin (a stable
-    counting sort): int64 (N,), bin b's samples at ``offsets[b]:offsets[b + 1]`` (``offsets`` from the bins'
-    counts)."""
-    cursor = offsets[:-1].copy()
-    order = np.empty(rank.shape[0], dtype=np.int64)
-    for i in range(rank.shape[0]):
-        b = rank[i] * microbatches + microbatch[i]
-        order[cursor[b]] = i
-        cursor[b] += 1
-    return order
-
-
-def group_by_bin_ref(rank, microbatch, microbatches, offsets):
-    """Plain twin of ``group_by_bin``: a stable argsort of the bins."""
-    return np.argsort(rank.astype(np.int64) * microbatches + microbatch, kind="stable")
-
-
 _PAIRWISE_BLOCK = 128  # NumPy's PW_BLOCKSIZE
 
 

@@ -104,10 +104,12 @@ def fetch_unit(index: SourceIndex, unit: int, *, skip_corrupt: bool) -> RowGroup
     file = index.files[u.file]
     try:
         metadata = file.footer()
+        if not u.whole and not file.remote:  # pages read as decoded, in one pass over the row group
+            return RowGroupBytes(unit, 0, None, metadata, streamed=True)
         start, stop = _chunk_range(metadata.row_group(u.row_group), set(_names(index)))
         if not u.whole:
             data = None
-            if file.remote and stop - start <= REMOTE_PASS_BYTES:
+            if stop - start <= REMOTE_PASS_BYTES:
                 data = SHARED_FETCHES.get(_pass_key(index, file, u), first=u.start == 0,
                                           read=lambda: _read_range(file, start, stop)[0])
             return RowGroupBytes(unit, start, data, metadata, file.size, streamed=True)

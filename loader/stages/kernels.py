@@ -2,8 +2,9 @@
 
 Gathering rows of a jagged table is a loop of small slice copies: a numba kernel does it at memcpy
 speed, where NumPy would first build an index of every event. ``copy_ranges_ref`` is the plain
-NumPy twin the tests compare against; ``group_rows``, ``take_rows`` and ``copy_rows`` are what a gather does
-with its sources (their twin: :func:`loader.stages.rows.gather_ref`).
+NumPy twin the tests compare against; ``take_rows`` and ``copy_rows`` are what a gather does with each source,
+its rows grouped by source with ``balancer.kernels.common.counting_sort`` (their twin:
+:func:`loader.stages.rows.gather_ref`).
 
 The rows a message gathers lie at random places of row groups of tens of MiB: each short history is a
 cache (and TLB) miss, and a plain loop waits for one miss at a time (about 150 ns a row on the bench's
@@ -19,8 +20,6 @@ from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
-
-from balancer.kernels.common import counting_sort
 
 _SHORT = 64  # ranges up to this many elements are copied element by element
 PREFETCH_AHEAD = 8  # rows asked for ahead of the one copied (4-32 measured within 10% of each other)
@@ -47,53 +46,26 @@ def _prefetch(typingctx, array, index):
     return types.void(array, index), codegen
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _ask(src, start, n, line):
-    """Prefetch a row of ``n`` elements at ``start``: its first cache line, and its second where it has one."""
-    if n > 0:  # an empty row may start past the array's end
-        _prefetch(src, start)
-        if n > line:
-            _prefetch(src, start + line)
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _copy_one(src, s, dst, d, n):
-    if n <= _SHORT:  # short histories: a plain loop beats a slice copy's set-up (22% on median 15)
-        for k in range(n):
-            dst[d + k] = src[s + k]
-    else:
-        dst[d : d + n] = src[s : s + n]  # a slice copy: memmove speed (an element loop is 2.5x slower)
-
-
 @njit(cache=True, nogil=True)
-def _copy_ranges(src, src_starts, lengths, dst, dst_starts):
-    rows = lengths.shape[0]
+def copy_rows(src, starts, lengths, out, dst, dst_starts):
+    """For each output position ``o`` of ``out``: ``dst[dst_starts[o]:+lengths[o]] = src[starts[o]:+lengths[o]]``
+    (all int64 (n,) but the arrays of events), asking for the row ``PREFETCH_AHEAD`` positions on meanwhile."""
     line = _LINE // src.itemsize
-    for i in range(-PREFETCH_AHEAD, rows):  # the first PREFETCH_AHEAD rounds only ask
+    for i in range(-PREFETCH_AHEAD, out.shape[0]):  # the first PREFETCH_AHEAD rounds only ask
         ahead = i + PREFETCH_AHEAD
-        if ahead < rows:
-            _ask(src, src_starts[ahead], lengths[ahead], line)
-        if i >= 0:
-            _copy_one(src, src_starts[i], dst, dst_starts[i], lengths[i])
-
-
-@njit(cache=True, nogil=True)
-def _copy_rows(src, starts, lengths, out, dst, dst_starts):
-    line = _LINE // src.itemsize
-    for i in range(-PREFETCH_AHEAD, out.shape[0]):
-        ahead = i + PREFETCH_AHEAD
-        if ahead < out.shape[0]:
-            _ask(src, starts[out[ahead]], lengths[out[ahead]], line)
-        if i >= 0:
-            o = out[i]
-            _copy_one(src, starts[o], dst, dst_starts[o], lengths[o])
-
-
-@njit(cache=True, nogil=True)
-def group_rows(source, sources):
-    """Output positions grouped by source, ascending inside each (a stable counting sort): int64 (n,), source
-    s's at ``bounds[s]:bounds[s + 1]``; returns (positions, bounds (sources + 1,))."""
-    return counting_sort(source, np.arange(source.shape[0]), sources)
+        if ahead < out.shape[0] and lengths[out[ahead]] > 0:  # an empty row may start past the array's end
+            _prefetch(src, starts[out[ahead]])
+            if lengths[out[ahead]] > line:  # its second cache line too
+                _prefetch(src, starts[out[ahead]] + line)
+        if i < 0:
+            continue
+        o = out[i]
+        s, d, n = starts[o], dst_starts[o], lengths[o]
+        if n <= _SHORT:  # short histories: a plain loop beats a slice copy's set-up (22% on median 15)
+            for k in range(n):
+                dst[d + k] = src[s + k]
+        else:
+            dst[d : d + n] = src[s : s + n]  # a slice copy: memmove speed (an element loop is 2.5x slower)
 
 
 @njit(cache=True, nogil=True)
@@ -109,20 +81,12 @@ def take_rows(row, out, offsets, user_ids, cut, starts_out, lengths_out, user_id
         cut_out[o] = cut[r]
 
 
-def copy_rows(src: np.ndarray, starts: np.ndarray, lengths: np.ndarray, out: np.ndarray, dst: np.ndarray,
-              dst_starts: np.ndarray) -> None:
-    """For each output position ``o`` of ``out``: ``dst[dst_starts[o]:+lengths[o]] = src[starts[o]:+lengths[o]]``
-    (all int64 (n,) but the arrays of events): :func:`copy_ranges` for the positions ``out`` of one source."""
-    if out.shape[0]:
-        _copy_rows(src, starts, lengths, out, dst, dst_starts)
-
-
 def copy_ranges(
     src: np.ndarray, src_starts: np.ndarray, lengths: np.ndarray, dst: np.ndarray, dst_starts: np.ndarray
 ) -> None:
-    """``dst[dst_starts[i]:+lengths[i]] = src[src_starts[i]:+lengths[i]]`` for every i (all int64 (n,))."""
-    if lengths.shape[0]:
-        _copy_ranges(src, src_starts, lengths, dst, dst_starts)
+    """``dst[dst_starts[i]:+lengths[i]] = src[src_starts[i]:+lengths[i]]`` for every i (all int64 (n,)):
+    :func:`copy_rows` over every position."""
+    copy_rows(src, src_starts, lengths, np.arange(lengths.shape[0]), dst, dst_starts)
 
 
 def copy_ranges_ref(

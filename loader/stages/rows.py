@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from loader.stages.kernels import copy_ranges_ref, copy_rows, group_rows, take_rows
+from balancer.kernels.common import counting_sort
+from loader.stages.kernels import copy_ranges_ref, copy_rows, take_rows
 
 @dataclass
 class Rows:
@@ -77,7 +78,7 @@ def gather(
     starts, lengths = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)  # of each row in its source
     user_ids = empty(n, np.dtype(np.int64))
     cut = np.empty(n, dtype=np.int64)
-    order, bounds = group_rows(source, len(sources))
+    order, bounds = counting_sort(source, np.arange(n), len(sources))  # positions by source, ascending
     groups = [(s, order[bounds[s] : bounds[s + 1]]) for s in range(len(sources)) if bounds[s + 1] > bounds[s]]
     for s, out in groups:
         take_rows(row, out, sources[s].offsets, sources[s].user_ids, sources[s].cut, starts, lengths, user_ids, cut)

@@ -16,7 +16,7 @@ from balancer.kernels import exchange as X
 from balancer.kernels import order as O
 from balancer.kernels import refine as R
 from balancer.kernels import totals as T
-from balancer.kernels.common import Rules, member_lists, members, members_of, sorted_members
+from balancer.kernels.common import Rules, counting_sort, member_lists, members, members_of, sorted_members
 
 
 @given(st.lists(st.tuples(st.integers(0, 5), st.integers(1, 6)), min_size=1, max_size=40))
@@ -339,16 +339,15 @@ def test_summary_matches_reference(data):
 
 @given(st.data())
 @settings(max_examples=60, deadline=None)
-def test_group_by_bin_matches_reference(data):
-    ranks, microbatches = data.draw(st.integers(1, 5)), data.draw(st.integers(1, 4))
-    n = data.draw(st.integers(0, 60))
-    rank = np.asarray(data.draw(st.lists(st.integers(0, ranks - 1), min_size=n, max_size=n)), dtype=np.int32)
-    microbatch = np.asarray(data.draw(st.lists(st.integers(0, microbatches - 1), min_size=n, max_size=n)),
-                            dtype=np.int32)
-    counts = np.bincount(rank.astype(np.int64) * microbatches + microbatch, minlength=ranks * microbatches)
-    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    got = T.group_by_bin(rank, microbatch, microbatches, offsets)
-    np.testing.assert_array_equal(got, T.group_by_bin_ref(rank, microbatch, microbatches, offsets))
+def test_counting_sort_is_a_stable_sort_by_key(data):
+    """Keys grouped in the order of ``visit`` (identity, as for ``Plan.groups`` and the loader's gather; by cost, as
+    for ``sorted_members``) against NumPy's stable sort of the keys in that order."""
+    n_keys, n = data.draw(st.integers(1, 20)), data.draw(st.integers(0, 60))
+    keys = np.asarray(data.draw(st.lists(st.integers(0, n_keys - 1), min_size=n, max_size=n)), dtype=np.int64)
+    visit = np.asarray(data.draw(st.permutations(range(n))), dtype=np.int64)
+    order, first = counting_sort(keys, visit, n_keys)
+    np.testing.assert_array_equal(order, visit[np.argsort(keys[visit], kind="stable")])
+    assert first.tolist() == [0, *np.cumsum(np.bincount(keys, minlength=n_keys)).tolist()]
 
 
 @given(st.integers(0, 1100), st.integers(0, 5), st.integers(0, 2**32 - 1))

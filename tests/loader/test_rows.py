@@ -4,7 +4,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loader.stages.kernels import copy_ranges, copy_ranges_ref, group_rows
+from loader.stages.kernels import copy_ranges, copy_ranges_ref
 from loader.stages.rows import Rows, gather, gather_ref
 
 
@@ -74,9 +74,6 @@ def test_gather_kernels_match_their_numpy_twin(data):
         np.testing.assert_array_equal(getattr(got, field), getattr(want, field))
     for name in dtypes:
         np.testing.assert_array_equal(got.events[name], want.events[name])
-    order, bounds = group_rows(source, len(sources))
-    np.testing.assert_array_equal(order, np.argsort(source, kind="stable"))
-    assert bounds.tolist() == np.concatenate([[0], np.cumsum(np.bincount(source, minlength=len(sources)))]).tolist()
 
 
 def test_slice_rebases_offsets():
