@@ -55,7 +55,8 @@ each batch into the same jagged torch tensors (user ids, and per list column val
 7. ``named2``, ``named8``: P = 2 or 8 trainer processes as torchrun starts them (``bench/ingest_rank.py``, started
    and joined to the bench's Ray before the pass), each ``SequenceLoader(path, ranks=P, microbatches=M,
    samples_per_step=G, backend="ray", name=...)`` draining ``iter_rank(rank)``; timed from the moment every process
-   is told to build its loader to the last batch of any rank. With ``--named-epochs N`` each pass goes on with
+   is told to build its loader to the last batch of any rank. Every pass builds the loaders anew under the same
+   name, as a job's next loader of a name is: the named coordinator, idle since the last pass, serves it warm. With ``--named-epochs N`` each pass goes on with
    epochs 1 .. N-1 of the same loaders, as a training job does with the loader it built once; each later epoch's
    rows/s and first batch (from the moment every rank asks for it) are printed under the row and kept as
    ``later_epochs`` (the row's wall and rows/s stay epoch 0's; its CPU then covers every epoch).
@@ -544,7 +545,6 @@ class RankProcesses:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env) for r in range(ranks)]
         for proc in self.procs:
             self._line(proc, "ready")
-        self.passes = 0
 
     @staticmethod
     def _line(proc, want: str) -> str:
@@ -558,8 +558,7 @@ class RankProcesses:
     def run_pass(self, clock: dict, epochs: int = 1) -> list[dict]:
         """One pass, every process building its loader at once; sets ``clock["first"]`` and ``clock["end"]``
         (``time.monotonic()``: one clock for every process of the machine)."""
-        self.passes += 1
-        name = f"ingest-bench-{os.getpid()}-{id(self)}-{self.passes}"
+        name = f"ingest-bench-{os.getpid()}-{id(self)}"  # every pass: the coordinator stays warm, as for a job's next loader
         for proc in self.procs:
             proc.stdin.write(f"go {name} {epochs}\n")
             proc.stdin.flush()

@@ -8,16 +8,18 @@
   each unit read on a reader of its home node (the least busy; a read whose reader died is
   re-issued: reads are pure, so nothing is lost or repeated), liveness from the readers of each
   node and Ray's view of the nodes. No call waits longer than ``liveness_timeout``.
-- :class:`Control` wraps :class:`loader.control.service.Service` over :class:`RayReaders`, with the
-  loaders attached to it and its metrics. It never maps a row group.
+- :class:`Control` wraps :class:`loader.control.service.Service` over :class:`RayReaders`, with its
+  metrics; :class:`Host`, a named loader's coordinator actor, holds one while loaders are attached to it.
+  Neither maps a row group.
 
   - A loader with a ``name`` runs it as the :data:`Coordinator` actor, named after the loader in
     the ``freescale`` namespace and placed on the node of the process that creates it (which owns
     it), so trainer processes constructing the loader with the same arguments and ``name`` attach
     to it (telling it their node, for the locality-aware plan, and their process id, so a dead
-    rank fails the run at once); the last to ``close()`` kills it. Its readers are the creating process's:
-    they stay warm there for its next loader (:func:`loader.backends.reader.take_readers`), as an unnamed
-    loader's do.
+    rank fails the run at once). The last to ``close()`` closes its control plane; the actor (a :class:`Host`)
+    stays warm for the next loader of the name for ``COORDINATOR_IDLE_S`` seconds. Its readers are the
+    creating process's: they stay warm there for its next loader (:func:`loader.backends.reader.take_readers`),
+    as an unnamed loader's do.
   - An unnamed loader is private to this process, so its control plane runs here, on the control
     loop thread (:class:`LocalControl`): no coordinator process to start, no actor call per
     message. Its readers stay warm for this process's next loader (:func:`loader.backends.reader.take_readers`).
@@ -75,6 +77,8 @@ NAMESPACE = "freescale"
 READ_ATTEMPTS = 10  # per unit, over restarts and other readers
 _POLL_S = POLL_S  # a blocking call returns Wait after this long (at most), so the caller can warn
 STARTUP_S = 120.0  # a coordinator that has not answered its first call this long (not placed, not started) is lost
+COORDINATOR_IDLE_S = 60.0  # a named coordinator with no loader attached stays warm this long for the next one
+ATTACH_ATTEMPTS = 5  # a named coordinator that died as this process attached to it is looked up (or started) again
 ASK_ATTEMPTS = 10  # per step: a call that failed in transit is asked again (the coordinator resends)
 _LOST = (RayActorError, ObjectLostError, WorkerCrashedError)
 
@@ -242,16 +246,11 @@ async def _dead_nodes(nodes: set[str], timeout: float) -> set[str]:
 
 
 class Control:
-    """One loader's control plane: a :class:`loader.control.service.Service` over :class:`RayReaders`, the
-    loaders attached to it, and its metrics.
+    """One loader's control plane: a :class:`loader.control.service.Service` over :class:`RayReaders`, and its
+    metrics. ``watch``: check that the ranks' processes and nodes live (off when they all run in this process)."""
 
-    ``watch``: check that the ranks' processes and nodes live (off when they all run in this process)."""
-
-    def __init__(self, index: SourceIndex, config: LoaderConfig, fingerprint: tuple, watch: bool = True) -> None:
+    def __init__(self, index: SourceIndex, config: LoaderConfig, watch: bool = True) -> None:
         self.config = config
-        self.fingerprint = fingerprint
-        self.attached: list[Where] = []  # the process of each attached loader
-        self.detaching = asyncio.Lock()
         self.readers = RayReaders(index, config)
         self.publisher = Publisher(self.readers.tag)
         self.publishing: asyncio.Task | None = None
@@ -259,17 +258,6 @@ class Control:
                                readahead=readahead_units(index, config.num_readers or 2))
         # compile or load the planner's kernels beside the first reads (the first plan waits on numba's lock)
         threading.Thread(target=warm_up, args=(config,), daemon=True).start()
-
-    async def attach(self, fingerprint: tuple, name: str, where: Where) -> tuple[bool, str]:
-        """Count the loader of the process at ``where``: whether it is the first (which must start the
-        readers), and this coordinator's node."""
-        if tuple(fingerprint) != tuple(self.fingerprint):
-            raise ValueError(
-                f"a loader named {name!r} already runs with other data or arguments; construct this "
-                "loader with the same source and arguments, or give it another name"
-            )
-        self.attached.append(where)
-        return len(self.attached) == 1, ray.get_runtime_context().get_node_id()
 
     async def set_readers(self, readers: list, nodes: list[str]) -> None:
         """The readers, and the node each is pinned to."""
@@ -280,17 +268,6 @@ class Control:
         while True:
             self.publisher.publish(self.service.stats.as_dict())
             await asyncio.sleep(PUBLISH_S)
-
-    async def detach(self, where: Where) -> int:
-        """The loader of the process at ``where`` let go: the number of loaders still attached whose
-        process lives (one that died without closing, such as a failed trainer worker, is not waited for)."""
-        async with self.detaching:  # one at a time: exactly one caller sees none left, and releases
-            self.attached.remove(where)
-            if self.attached:
-                health = await self.readers.alive(self.attached)
-                self.attached = [w for i, w in enumerate(self.attached)
-                                 if i not in health.dead and w.node not in health.lost]
-            return len(self.attached)
 
     async def close(self) -> None:
         """Stop serving: the run in progress ends, and reads still queued on the readers are cancelled."""
@@ -323,18 +300,113 @@ class Control:
         await self.readers.ready.wait()
         return list(self.readers.nodes)
 
+
+class Host:
+    """A named loader's coordinator actor (:data:`Coordinator`): the :class:`Control` of the loaders attached to
+    it, idle between loaders.
+
+    Trainer processes attach to it by name; the first to attach arms it with its loader's source and arguments
+    (a later loader with others is refused while any is attached), and the last to detach closes that control
+    plane. The actor stays, idle and warm, for the next loader of the same name, which may bring other data or
+    arguments: its process, imports and planner kernels are what a named loader's construction waited for
+    (about 1 s on the bench machine). It ends once idle for ``idle_s`` seconds, or with its owner (the process
+    that created it).
+    """
+
+    def __init__(self, idle_s: float) -> None:
+        self.control: Control | None = None
+        self.fingerprint: tuple | None = None
+        self.attached: list[Where] = []  # the process of each attached loader
+        self.lifecycle = asyncio.Lock()  # attach and detach one at a time: none joins a control plane closing
+        self.idle_s = idle_s
+        self.expiry: asyncio.Task | None = None
+
+    async def attach(self, index: SourceIndex, config: LoaderConfig, fingerprint: tuple, where: Where,
+                     ) -> tuple[bool, str]:
+        """Count the loader of the process at ``where``: whether it is the first (which must start the
+        readers), and this coordinator's node."""
+        async with self.lifecycle:
+            if self.control is None:
+                self.control, self.fingerprint = Control(index, config), tuple(fingerprint)
+            elif tuple(fingerprint) != self.fingerprint:
+                raise ValueError(
+                    f"a loader named {config.name!r} already runs with other data or arguments; construct this "
+                    "loader with the same source and arguments, or give it another name"
+                )
+            if self.expiry is not None:
+                self.expiry.cancel()
+                self.expiry = None
+            self.attached.append(where)
+            return len(self.attached) == 1, ray.get_runtime_context().get_node_id()
+
+    async def detach(self, where: Where) -> int:
+        """The loader of the process at ``where`` let go: the number of loaders still attached whose process
+        lives (one that died without closing, such as a failed trainer worker, is not waited for). When none is
+        left, the control plane closes (the run in progress ends, reads still queued are cancelled)."""
+        async with self.lifecycle:
+            control = self._armed()
+            self.attached.remove(where)
+            if self.attached:
+                health = await control.readers.alive(self.attached)
+                self.attached = [w for i, w in enumerate(self.attached)
+                                 if i not in health.dead and w.node not in health.lost]
+            if not self.attached:
+                await control.close()
+                self.control = self.fingerprint = None
+                self.expiry = asyncio.ensure_future(self._expire())
+            return len(self.attached)
+
+    async def _expire(self) -> None:
+        """End this actor (freeing its name) once idle for ``idle_s`` seconds; an attach meanwhile keeps it."""
+        await asyncio.sleep(self.idle_s)
+        async with self.lifecycle:
+            if self.control is None:
+                ray.kill(ray.get_runtime_context().current_actor)
+
+    def _armed(self) -> Control:
+        if self.control is None:
+            raise RuntimeError("no loader is attached to this coordinator any more (every loader of its name was "
+                               "closed); construct the loader again")
+        return self.control
+
+    async def loaders(self) -> int:
+        """How many loaders are attached (0: idle)."""
+        return len(self.attached)
+
+    async def set_readers(self, readers: list, nodes: list[str]) -> None:
+        await self._armed().set_readers(readers, nodes)
+
+    async def open(self, ranks: list[int], key: RunKey, timeout: float, where: Where) -> Opened | Wait:
+        return await self._armed().open(ranks, key, timeout, where)
+
+    async def next(self, rank: int, run_id: int, step: int, timeout: float, taken: tuple[float, int]) -> Reply:
+        return End() if self.control is None else await self.control.next(rank, run_id, step, timeout, taken)
+
+    async def repair(self, rank: int, run_id: int, step: int) -> Step | End:
+        return End() if self.control is None else await self.control.repair(rank, run_id, step)
+
+    async def leave(self, ranks: list[int], run_id: int) -> None:
+        if self.control is not None:
+            await self.control.leave(ranks, run_id)
+
+    async def stats(self) -> dict:
+        return await self._armed().stats()
+
+    async def reader_handles(self) -> list:
+        return await self._armed().reader_handles()
+
+    async def reader_nodes(self) -> list[str]:
+        return await self._armed().reader_nodes()
+
     async def pid(self) -> int:
         return os.getpid()
 
 
-Coordinator = ray.remote(num_cpus=0, max_restarts=0)(Control)  # a named loader's control plane
+Coordinator = ray.remote(num_cpus=0, max_restarts=0)(Host)  # a named loader's control plane
 
 
 class RayCalls(ControlCalls):
-    """:class:`loader.control.stream.ControlCalls`, and the calls of a Ray control plane's lifetime."""
-
-    def attach(self, fingerprint: tuple, name: str, where: Where):
-        return self.submit(self.handle.attach, fingerprint, name, where)
+    """:class:`loader.control.stream.ControlCalls`, and the calls that hand a Ray control plane its readers."""
 
     def set_readers(self, readers: list, nodes: list[str]):
         return self.submit(self.handle.set_readers, readers, nodes)
@@ -345,12 +417,9 @@ class RayCalls(ControlCalls):
     def reader_nodes(self):
         return self.submit(self.handle.reader_nodes)
 
-    def detach(self, where: Where):
-        return self.submit(self.handle.detach, where)
-
 
 class ActorControl(RayCalls):
-    """Calls into the :data:`Coordinator` actor: each returns an ObjectRef."""
+    """Calls into the :data:`Coordinator` actor (a :class:`Host`): each returns an ObjectRef."""
 
     def __init__(self, handle) -> None:
         self.handle = handle
@@ -358,14 +427,20 @@ class ActorControl(RayCalls):
     def submit(self, method, *args) -> ray.ObjectRef:
         return method.remote(*args)
 
+    def attach(self, index: SourceIndex, config: LoaderConfig, fingerprint: tuple, where: Where):
+        return self.submit(self.handle.attach, index, config, fingerprint, where)
+
+    def detach(self, where: Where):
+        return self.submit(self.handle.detach, where)
+
 
 class LocalControl(LoopCalls, RayCalls):
     """A :class:`Control` on this process's control-plane event loop (:func:`loader.control.stream.control_loop`):
     each call returns a future."""
 
-    def __init__(self, index: SourceIndex, config: LoaderConfig, fingerprint: tuple) -> None:
+    def __init__(self, index: SourceIndex, config: LoaderConfig) -> None:
         async def make() -> Control:
-            return Control(index, config, fingerprint, watch=False)
+            return Control(index, config, watch=False)
 
         super().__init__(asyncio.run_coroutine_threadsafe(make(), control_loop()).result())
 
@@ -444,8 +519,8 @@ class RayClient:
 
     The named coordinator is placed on the node of the process that creates it (the first trainer
     process to construct the loader, usually rank 0's, which owns it and must outlive the others'
-    use of it): it then lives exactly as long as its owner, and a node lost elsewhere takes no
-    control plane with it. Every call to it is bounded by ``liveness_timeout``; Ray's exceptions
+    use of it): it then lives no longer than its owner (idle, it ends after ``COORDINATOR_IDLE_S``),
+    and a node lost elsewhere takes no control plane with it. Every call to it is bounded by ``liveness_timeout``; Ray's exceptions
     about it end here, as :class:`loader.errors.CoordinatorLost`.
     """
 
@@ -459,7 +534,7 @@ class RayClient:
         self.closed = False
         self.readers: tuple[list, list[str]] | None = None  # readers this process gives back on close
         if config.name is None:
-            self.control = LocalControl(index, config, shape)
+            self.control = LocalControl(index, config)
             self.readers = take_readers(count)
             self.control.set_readers(*self.readers)
             return
@@ -468,10 +543,20 @@ class RayClient:
         # Readers start beside the coordinator, not after it, when this process will likely create
         # it: both take a process start and their imports, and the first batch waits for both.
         readers = take_readers(count) if not _exists(options) else None
-        self.control = ActorControl(Coordinator.options(**options).remote(index, config, shape))
-        # the first call waits for the coordinator to start (a process and its imports), not for a lost one
-        first, self.node = self.get(self.control.attach(shape, config.name, self.where),
-                                    timeout=max(STARTUP_S, config.liveness_timeout))
+        for attempt in range(ATTACH_ATTEMPTS):
+            self.control = ActorControl(Coordinator.options(**options).remote(COORDINATOR_IDLE_S))
+            # Held past this loader's close: Ray ends a named actor once its creator drops the handle it
+            # created with. A handle to the same actor found later (equal) must not replace that one.
+            if _coordinators.get(config.name) != self.control.handle:
+                _coordinators[config.name] = self.control.handle
+            try:  # the first call waits for the coordinator to start (a process and its imports), not for a lost one
+                first, self.node = self.get(self.control.attach(index, config, shape, self.where),
+                                            timeout=max(STARTUP_S, config.liveness_timeout))
+                break
+            except CoordinatorLost:  # an idle one that ended (COORDINATOR_IDLE_S) as this process found it is gone:
+                if attempt == ATTACH_ATTEMPTS - 1 or _exists(options):  # start anew; a silent one is lost
+                    raise
+                time.sleep(0.1 * 2**attempt)
         if first:
             self.readers = readers or take_readers(count)
             self.control.set_readers(*self.readers)
@@ -521,12 +606,10 @@ class RayClient:
                 give_back(*self.readers)
 
     def _detach(self) -> None:
-        """Leave the named coordinator; the last loader to leave stops and kills it."""
+        """Leave the named coordinator; the last loader to leave closes its control plane (the coordinator
+        stays, idle, for the next loader of the name)."""
         try:
-            if self.get(self.control.detach(self.where)) <= 0:
-                self.get(self.control.close())  # reads still queued on the readers are cancelled
-                ray.kill(self.control.handle)
-                _wait_name_released(coordinator_name(self.config.name))  # before a new loader may reuse it
+            self.get(self.control.detach(self.where))
         except CoordinatorLost:  # already gone (its owner exited, it was killed, or it is cut off)
             pass
 
@@ -594,6 +677,9 @@ class RayStream(Stream):
             self.members, self.ahead = set(), {}
 
 
+_coordinators: dict[str, object] = {}  # loader name -> the coordinator this process attached to last
+
+
 def _exists(options: dict) -> bool:
     """Whether the named coordinator of ``options`` runs already."""
     try:
@@ -601,16 +687,6 @@ def _exists(options: dict) -> bool:
     except ValueError:
         return False
     return True
-
-
-def _wait_name_released(name: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            ray.get_actor(name, namespace=NAMESPACE)
-        except ValueError:  # no actor of that name any more
-            return
-        time.sleep(0.05)
 
 
 def _get(ref, timeout: float):

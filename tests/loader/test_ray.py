@@ -1,5 +1,6 @@
 """SequenceLoader on the Ray backend, one local Ray session for the module (loopback only)."""
 
+import gc
 import os
 import subprocess
 import sys
@@ -108,9 +109,43 @@ def test_named_coordinator_is_shared_by_trainer_processes(ray_address, data):
         steps = _steps([mine, result["steps"]], 2)
         assert histories(steps) == source_histories(data)
         check_layout(steps, ranks=2, microbatches=2)
-        ray.get_actor(coordinator_name("shared"), namespace=NAMESPACE)  # still served
-    with pytest.raises(ValueError):  # the last loader to close killed it
-        ray.get_actor(coordinator_name("shared"), namespace=NAMESPACE)
+        coordinator = ray.get_actor(coordinator_name("shared"), namespace=NAMESPACE)
+        pid = ray.get(coordinator.pid.remote())
+        assert ray.get(coordinator.loaders.remote()) == 1  # the other process's loader has closed
+    assert ray.get(coordinator.loaders.remote()) == 0  # the last loader to close left it idle, warm
+    del coordinator, loader  # no handle here but the loader module's: Ray ends a named actor nobody holds
+    gc.collect()
+    time.sleep(1.0)
+    other = {**kwargs, "samples_per_step": 31, "shuffle_window": 62}  # the next loader of the name may differ
+    with SequenceLoader(data, **other) as again:
+        coordinator = ray.get_actor(coordinator_name("shared"), namespace=NAMESPACE)
+        assert ray.get(coordinator.pid.remote()) == pid  # served by the same process: no start to wait for
+        assert histories(_steps(by_threads(again, 2), 2)) == source_histories(data)
+        with pytest.raises(ValueError, match="already runs with other data or arguments"):
+            SequenceLoader(data, **kwargs)
+
+
+def test_an_idle_named_coordinator_ends_after_its_idle_time(ray_address, data, monkeypatch):
+    monkeypatch.setattr(ray_backend, "COORDINATOR_IDLE_S", 1.0)
+    kwargs = dict(ranks=2, microbatches=2, samples_per_step=30, num_readers=2, backend="ray", name="brief",
+                  ray_address=ray_address)
+    with SequenceLoader(data, **kwargs) as loader:
+        assert histories(_steps(by_threads(loader, 2), 2)) == source_histories(data)
+        coordinator = ray.get_actor(coordinator_name("brief"), namespace=NAMESPACE)
+        pid = ray.get(coordinator.pid.remote())
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            ray.get_actor(coordinator_name("brief"), namespace=NAMESPACE)
+        except ValueError:  # ended, its name free
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail("the idle coordinator did not end")
+    with SequenceLoader(data, **kwargs) as loader:  # a new one starts for the next loader of the name
+        coordinator = ray.get_actor(coordinator_name("brief"), namespace=NAMESPACE)
+        assert ray.get(coordinator.pid.remote()) != pid
+        assert histories(_steps(by_threads(loader, 2), 2)) == source_histories(data)
 
 
 def test_a_named_loaders_readers_stay_warm_in_the_process_that_started_them(ray_address, data):
