@@ -16,6 +16,7 @@ import threading
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
 import ray
 from ray.exceptions import ObjectLostError, RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -69,6 +70,9 @@ class Reader:
 
     def __init__(self) -> None:
         self.decoding = threading.Lock()
+        # Ray sets OMP_NUM_THREADS=1 in a zero-CPU actor, and pyarrow sizes its thread pool from it: a part of
+        # a row group (decoded on pyarrow's threads, loader.stages.decode) would decode on one core only
+        pa.set_cpu_count(len(os.sched_getaffinity(0)))
 
     @ray.method(concurrency_group="read")
     def read(self, unit: SourceIndex, max_seq_len: int | None, skip_corrupt: bool, loader: str,

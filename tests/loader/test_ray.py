@@ -162,6 +162,15 @@ def test_a_named_loaders_readers_stay_warm_in_the_process_that_started_them(ray_
         assert sorted(ray.get([r.pid.remote() for r in unnamed.reader_handles()])) == pids
 
 
+def test_reader_actors_decode_on_every_core_of_their_node(ray_address, data):
+    """Ray gives a zero-CPU actor OMP_NUM_THREADS=1, which pyarrow's thread pool (a part's decode) would follow."""
+    with SequenceLoader(data, backend="ray", readers="actors", ranks=2, microbatches=2, samples_per_step=12,
+                        num_readers=2) as loader:
+        pools = ray.get([r.__ray_call__.remote(lambda _: __import__("pyarrow").cpu_count())
+                         for r in loader.reader_handles()])
+    assert pools == [len(os.sched_getaffinity(0))] * 2
+
+
 def test_killed_readers_restart_without_loss_or_repeat(ray_address, data):
     kwargs = dict(ranks=2, microbatches=2, samples_per_step=12, shuffle_window=25, num_readers=2, seed=9)
     with SequenceLoader(data, backend="ray", readers="actors", **kwargs) as loader:
