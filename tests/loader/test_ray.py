@@ -148,6 +148,27 @@ def test_an_idle_named_coordinator_ends_after_its_idle_time(ray_address, data, m
         assert histories(_steps(by_threads(loader, 2), 2)) == source_histories(data)
 
 
+def test_a_named_loader_starts_a_coordinator_anew_when_the_idle_one_ends_as_it_attaches(ray_address, data,
+                                                                                        monkeypatch):
+    kwargs = dict(ranks=2, microbatches=2, samples_per_step=30, num_readers=2, backend="ray", name="ending",
+                  ray_address=ray_address)
+    with SequenceLoader(data, **kwargs):
+        pass  # its coordinator is idle now
+    attach, ended = ray_backend.ActorControl.attach, []
+
+    def ending(self, *args):  # the idle coordinator ends (as at its idle time) between lookup and attach
+        if not ended:
+            ended.append(ray.get(self.handle.pid.remote()))
+            ray.kill(self.handle)
+        return attach(self, *args)
+
+    monkeypatch.setattr(ray_backend.ActorControl, "attach", ending)
+    with SequenceLoader(data, **kwargs) as loader:
+        coordinator = ray.get_actor(coordinator_name("ending"), namespace=NAMESPACE)
+        assert ended and ray.get(coordinator.pid.remote()) != ended[0]
+        assert histories(_steps(by_threads(loader, 2), 2)) == source_histories(data)
+
+
 def test_a_named_loaders_readers_stay_warm_in_the_process_that_started_them(ray_address, data):
     kwargs = dict(ranks=2, microbatches=2, samples_per_step=30, shuffle_window=45, num_readers=2, seed=4,
                   backend="ray", ray_address=ray_address)
