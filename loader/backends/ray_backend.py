@@ -17,9 +17,8 @@
     it), so trainer processes constructing the loader with the same arguments and ``name`` attach
     to it (telling it their node, for the locality-aware plan, and their process id, so a dead
     rank fails the run at once). The last to ``close()`` closes its control plane; the actor (a :class:`Host`)
-    stays warm for the next loader of the name for ``COORDINATOR_IDLE_S`` seconds. Its readers are the
-    creating process's: they stay warm there for its next loader (:func:`loader.backends.reader.take_readers`),
-    as an unnamed loader's do.
+    stays warm for the next loader of the name for ``COORDINATOR_IDLE_S`` seconds, with the readers it
+    started and owns.
   - An unnamed loader is private to this process, so its control plane runs here, on the control
     loop thread (:class:`LocalControl`): no coordinator process to start, no actor call per
     message. Its readers stay warm for this process's next loader (:func:`loader.backends.reader.take_readers`).
@@ -41,8 +40,9 @@ The control plane publishes the loader's stats as Ray metrics and readers count 
 (:mod:`loader.backends.telemetry`); a trainer process tells the control plane, with each request, how long
 its rank waited for the previous message and how many bytes it mapped for it.
 
-The coordinator and readers are owned by the process that created them: that process must outlive
-the others' use of them (Ray kills a non-detached actor with its owner's job).
+A named coordinator is owned by the process that created it, and its readers by the coordinator; an unnamed
+loader's readers by its process: an owner must outlive the others' use of what it owns (Ray kills a non-detached
+actor with its owner).
 """
 
 from __future__ import annotations
@@ -303,31 +303,42 @@ class Control:
 
 class Host:
     """A named loader's coordinator actor (:data:`Coordinator`): the :class:`Control` of the loaders attached to
-    it, idle between loaders.
+    it, idle between loaders, and the reader actors they read on.
 
     Trainer processes attach to it by name; the first to attach arms it with its loader's source and arguments
     (a later loader with others is refused while any is attached), and the last to detach closes that control
     plane. The actor stays, idle and warm, for the next loader of the same name, which may bring other data or
     arguments: its process, imports and planner kernels are what a named loader's construction waited for
-    (about 1 s on the bench machine). It ends once idle for ``idle_s`` seconds, or with its owner (the process
-    that created it).
+    (about 1 s on the bench machine). It starts the readers (:func:`loader.backends.reader.take_readers`, begun
+    as it starts) and owns them, so they stay warm with it whichever trainer process attaches first, and end
+    with it. It ends once idle for ``idle_s`` seconds, or with its owner (the process that created it).
     """
 
-    def __init__(self, idle_s: float) -> None:
+    def __init__(self, idle_s: float, readers: int) -> None:
         self.control: Control | None = None
         self.fingerprint: tuple | None = None
         self.attached: list[Where] = []  # the process of each attached loader
         self.lifecycle = asyncio.Lock()  # attach and detach one at a time: none joins a control plane closing
         self.idle_s = idle_s
         self.expiry: asyncio.Task | None = None
+        # readers start as this actor starts (beside the first attach, not after it: each is a process start and
+        # imports); between loaders they wait warm in this process (loader.backends.reader.give_back)
+        self.starting: concurrent.futures.Future | None = concurrent.futures.ThreadPoolExecutor(1).submit(
+            take_readers, readers)
+        self.readers: tuple[list, list[str]] | None = None  # the armed loader's
 
-    async def attach(self, index: SourceIndex, config: LoaderConfig, fingerprint: tuple, where: Where,
-                     ) -> tuple[bool, str]:
-        """Count the loader of the process at ``where``: whether it is the first (which must start the
-        readers), and this coordinator's node."""
+    async def attach(self, index: SourceIndex, config: LoaderConfig, fingerprint: tuple, count: int, where: Where,
+                     ) -> str:
+        """Count the loader of the process at ``where`` (``count``: the readers it wants, where it arms this
+        coordinator); this coordinator's node."""
         async with self.lifecycle:
             if self.control is None:
+                if self.starting is not None:
+                    started, self.starting = self.starting, None
+                    give_back(*await asyncio.wrap_future(started))
+                self.readers = await asyncio.to_thread(take_readers, count)  # warm ones that answer, new ones for the rest
                 self.control, self.fingerprint = Control(index, config), tuple(fingerprint)
+                await self.control.set_readers(*self.readers)
             elif tuple(fingerprint) != self.fingerprint:
                 raise ValueError(
                     f"a loader named {config.name!r} already runs with other data or arguments; construct this "
@@ -337,7 +348,7 @@ class Host:
                 self.expiry.cancel()
                 self.expiry = None
             self.attached.append(where)
-            return len(self.attached) == 1, ray.get_runtime_context().get_node_id()
+            return ray.get_runtime_context().get_node_id()
 
     async def detach(self, where: Where) -> int:
         """The loader of the process at ``where`` let go: the number of loaders still attached whose process
@@ -352,7 +363,8 @@ class Host:
                                  if i not in health.dead and w.node not in health.lost]
             if not self.attached:
                 await control.close()
-                self.control = self.fingerprint = None
+                give_back(*self.readers)
+                self.control = self.fingerprint = self.readers = None
                 self.expiry = asyncio.ensure_future(self._expire())
             return len(self.attached)
 
@@ -372,9 +384,6 @@ class Host:
     async def loaders(self) -> int:
         """How many loaders are attached (0: idle)."""
         return len(self.attached)
-
-    async def set_readers(self, readers: list, nodes: list[str]) -> None:
-        await self._armed().set_readers(readers, nodes)
 
     async def open(self, ranks: list[int], key: RunKey, timeout: float, where: Where) -> Opened | Wait:
         return await self._armed().open(ranks, key, timeout, where)
@@ -427,8 +436,8 @@ class ActorControl(RayCalls):
     def submit(self, method, *args) -> ray.ObjectRef:
         return method.remote(*args)
 
-    def attach(self, index: SourceIndex, config: LoaderConfig, fingerprint: tuple, where: Where):
-        return self.submit(self.handle.attach, index, config, fingerprint, where)
+    def attach(self, index: SourceIndex, config: LoaderConfig, fingerprint: tuple, count: int, where: Where):
+        return self.submit(self.handle.attach, index, config, fingerprint, count, where)
 
     def detach(self, where: Where):
         return self.submit(self.handle.detach, where)
@@ -532,7 +541,7 @@ class RayClient:
         self.where = Where(node=here, pid=os.getpid())
         self.node = here  # the coordinator's node, for errors that name it
         self.closed = False
-        self.readers: tuple[list, list[str]] | None = None  # readers this process gives back on close
+        self.readers: tuple[list, list[str]] | None = None  # an unnamed loader's, given back on close
         if config.name is None:
             self.control = LocalControl(index, config)
             self.readers = take_readers(count)
@@ -540,28 +549,20 @@ class RayClient:
             return
         options = {"namespace": NAMESPACE, "name": coordinator_name(config.name), "get_if_exists": True,
                    "scheduling_strategy": NodeAffinitySchedulingStrategy(here, soft=False)}
-        # Readers start beside the coordinator, not after it, when this process will likely create
-        # it: both take a process start and their imports, and the first batch waits for both.
-        readers = take_readers(count) if not _exists(options) else None
         for attempt in range(ATTACH_ATTEMPTS):
-            self.control = ActorControl(Coordinator.options(**options).remote(COORDINATOR_IDLE_S))
+            self.control = ActorControl(Coordinator.options(**options).remote(COORDINATOR_IDLE_S, count))
             # Held past this loader's close: Ray ends a named actor once its creator drops the handle it
             # created with. A handle to the same actor found later (equal) must not replace that one.
             if _coordinators.get(config.name) != self.control.handle:
                 _coordinators[config.name] = self.control.handle
             try:  # the first call waits for the coordinator to start (a process and its imports), not for a lost one
-                first, self.node = self.get(self.control.attach(index, config, shape, self.where),
-                                            timeout=max(STARTUP_S, config.liveness_timeout))
+                self.node = self.get(self.control.attach(index, config, shape, count, self.where),
+                                     timeout=max(STARTUP_S, config.liveness_timeout))
                 break
             except CoordinatorLost:  # an idle one that ended (COORDINATOR_IDLE_S) as this process found it is gone:
                 if attempt == ATTACH_ATTEMPTS - 1 or _exists(options):  # start anew; a silent one is lost
                     raise
                 time.sleep(0.1 * 2**attempt)
-        if first:
-            self.readers = readers or take_readers(count)
-            self.control.set_readers(*self.readers)
-        elif readers is not None:  # another process created it first: its readers serve
-            give_back(*readers)
 
     def get(self, pending, rank: int | None = None, timeout: float | None = None):
         """The reply of a control call: a local future's result, or ``ray.get`` within ``timeout``
@@ -602,7 +603,7 @@ class RayClient:
             else:
                 self._detach()
         finally:
-            if self.readers is not None:  # this process started them: warm for its next loader, named or not
+            if self.readers is not None:  # an unnamed loader's: warm for this process's next loader
                 give_back(*self.readers)
 
     def _detach(self) -> None:

@@ -169,18 +169,25 @@ def test_a_named_loader_starts_a_coordinator_anew_when_the_idle_one_ends_as_it_a
         assert histories(_steps(by_threads(loader, 2), 2)) == source_histories(data)
 
 
-def test_a_named_loaders_readers_stay_warm_in_the_process_that_started_them(ray_address, data):
+def test_readers_stay_warm_with_a_named_coordinator_and_in_an_unnamed_loaders_process(ray_address, data):
     kwargs = dict(ranks=2, microbatches=2, samples_per_step=30, shuffle_window=45, num_readers=2, seed=4,
                   backend="ray", ray_address=ray_address)
-    with SequenceLoader(data, name="warm-a", **kwargs) as first:
+
+    def pids(loader):
+        return sorted(ray.get([r.pid.remote() for r in loader.reader_handles()]))
+
+    with SequenceLoader(data, name="warm", **kwargs) as first:
         taken = collect(first)
-        pids = sorted(ray.get([r.pid.remote() for r in first.reader_handles()]))
-    with SequenceLoader(data, name="warm-b", **kwargs) as second:  # a new coordinator, the same readers
+        named = pids(first)
+    with SequenceLoader(data, name="warm", **kwargs) as second:  # the coordinator's readers, warm
         assert collect(second) == taken
-        assert sorted(ray.get([r.pid.remote() for r in second.reader_handles()])) == pids
-    with SequenceLoader(data, readers="actors", **kwargs) as unnamed:  # and an unnamed loader's
+        assert pids(second) == named
+    with SequenceLoader(data, readers="actors", **kwargs) as unnamed:  # this process's own
         assert collect(unnamed) == taken
-        assert sorted(ray.get([r.pid.remote() for r in unnamed.reader_handles()])) == pids
+        mine = pids(unnamed)
+        assert not set(mine) & set(named)
+    with SequenceLoader(data, readers="actors", **kwargs) as again:
+        assert pids(again) == mine
 
 
 def test_reader_actors_decode_on_every_core_of_their_node(ray_address, data):
