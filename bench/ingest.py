@@ -558,7 +558,7 @@ class RankProcesses:
     def run_pass(self, clock: dict, epochs: int = 1) -> list[dict]:
         """One pass, every process building its loader at once; sets ``clock["first"]`` and ``clock["end"]``
         (``time.monotonic()``: one clock for every process of the machine)."""
-        name = f"ingest-bench-{os.getpid()}-{id(self)}"  # every pass: the coordinator stays warm, as for a job's next loader
+        name = f"ingest-bench-{os.getpid()}-{id(self)}"  # every pass: its coordinator warm, as for a job's next loader
         for proc in self.procs:
             proc.stdin.write(f"go {name} {epochs}\n")
             proc.stdin.flush()

@@ -333,12 +333,13 @@ class Host:
         coordinator); this coordinator's node."""
         async with self.lifecycle:
             if self.control is None:
+                control = Control(index, config)  # its planner kernels load while the readers come
                 if self.starting is not None:
                     started, self.starting = self.starting, None
                     give_back(*await asyncio.wrap_future(started))
-                self.readers = await asyncio.to_thread(take_readers, count)  # warm ones that answer, new ones for the rest
-                self.control, self.fingerprint = Control(index, config), tuple(fingerprint)
-                await self.control.set_readers(*self.readers)
+                self.readers = await asyncio.to_thread(take_readers, count)  # warm ones that answer, new for the rest
+                await control.set_readers(*self.readers)
+                self.control, self.fingerprint = control, tuple(fingerprint)
             elif tuple(fingerprint) != self.fingerprint:
                 raise ValueError(
                     f"a loader named {config.name!r} already runs with other data or arguments; construct this "
@@ -529,8 +530,8 @@ class RayClient:
     The named coordinator is placed on the node of the process that creates it (the first trainer
     process to construct the loader, usually rank 0's, which owns it and must outlive the others'
     use of it): it then lives no longer than its owner (idle, it ends after ``COORDINATOR_IDLE_S``),
-    and a node lost elsewhere takes no control plane with it. Every call to it is bounded by ``liveness_timeout``; Ray's exceptions
-    about it end here, as :class:`loader.errors.CoordinatorLost`.
+    and a node lost elsewhere takes no control plane with it. Every call to it is bounded by
+    ``liveness_timeout``; Ray's exceptions about it end here, as :class:`loader.errors.CoordinatorLost`.
     """
 
     def __init__(self, index: SourceIndex, config: LoaderConfig, fingerprint: int) -> None:
