@@ -56,10 +56,11 @@ each batch into the same jagged torch tensors (user ids, and per list column val
    and joined to the bench's Ray before the pass), each ``SequenceLoader(path, ranks=P, microbatches=M,
    samples_per_step=G, backend="ray", name=...)`` draining ``iter_rank(rank)``; timed from the moment every process
    is told to build its loader to the last batch of any rank. Every pass builds the loaders anew under the same
-   name, as a job's next loader of a name is: the named coordinator, idle since the last pass, serves it warm. With ``--named-epochs N`` each pass goes on with
-   epochs 1 .. N-1 of the same loaders, as a training job does with the loader it built once; each later epoch's
-   rows/s and first batch (from the moment every rank asks for it) are printed under the row and kept as
-   ``later_epochs`` (the row's wall and rows/s stay epoch 0's; its CPU then covers every epoch).
+   name, as a job's next loader of a name is: the named coordinator, idle since the last pass, serves it warm.
+   With ``--named-epochs N`` each pass goes on with epochs 1 .. N-1 of the same loaders, as a training job does
+   with the loader it built once; each later epoch's rows/s and first batch (from the moment every rank asks for
+   it) are printed under the row and kept as ``later_epochs`` (the row's wall and rows/s stay epoch 0's; its CPU
+   then covers every epoch).
 8. ``split2``, ``split8`` (their anchor): ``streaming_split(P, equal=True)`` with one consumer process per split (an
    actor, as Ray Train's workers are; started before the pass), each ``iter_torch_batches(batch_size=G // P)``.
 9. ``ours_s3``: ``ours`` over the same files on an S3-compatible server on loopback (moto's server in a child
