@@ -1,7 +1,7 @@
 """Ray Train: every ``TorchTrainer`` worker iterates its world rank of one named loader.
 
-The driver builds :class:`LoaderShards` (it starts the named loader's coordinator and readers, which live
-as long as the driver) and passes it in ``train_loop_config``; each worker calls :meth:`LoaderShards.shard`
+The driver builds :class:`LoaderShards` (it starts the named loader's coordinator and its readers, which live
+while the driver's loader is open, and no longer than the driver) and passes it in ``train_loop_config``; each worker calls :meth:`LoaderShards.shard`
 (as it would call ``ray.train.get_dataset_shard`` for Ray Data) and iterates the :class:`loader.torch.RankDataset`
 it returns. :meth:`LoaderShards.save` writes a worker's loader state into the checkpoint directory it reports
 with ``ray.train.report``; after a failure, Ray Train restarts the workers (``FailureConfig``) and
@@ -84,7 +84,8 @@ class LoaderShards:
         return path
 
     def close(self) -> None:
-        """Let the driver's loader go (once the trainer is done): its coordinator and readers end."""
+        """Let the driver's loader go (once the trainer is done): its coordinator closes the loader's control plane
+        and, idle, ends after ``loader.backends.ray_backend.COORDINATOR_IDLE_S``, its readers with it."""
         if self._owner is not None:
             self._owner.close()
             self._owner = None

@@ -166,7 +166,8 @@ class SequenceLoader:
         return self._client
 
     def close(self) -> None:
-        """Release the actors (Ray: the coordinator is killed once every attached loader closed)."""
+        """Release the actors (Ray: a named coordinator closes the control plane once every attached loader closed,
+        and stays idle for the next loader of its name for ``COORDINATOR_IDLE_S``, then ends)."""
         if not self._closed:
             self._closed = True
             self._client.close()
