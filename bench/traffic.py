@@ -122,11 +122,18 @@ def ready_then_go(barrier: Path, name: str) -> None:
     """Say this process is up (Python, its imports and ``ray.init`` done) and wait for the driver's go: the epoch's
     wall time starts there, for every contender alike, as a trainer's start is not its loader's epoch."""
     (barrier / f"ready-{name}").touch()
-    deadline = time.monotonic() + BARRIER_TIMEOUT_S
-    while not (barrier / "go").exists():
+    if not wait_until(lambda: (barrier / "go").exists(), BARRIER_TIMEOUT_S, 0.005):
+        raise TimeoutError(f"no go from the driver in {BARRIER_TIMEOUT_S:.0f} s")
+
+
+def wait_until(done, seconds: float, poll: float) -> bool:
+    """Poll ``done()`` every ``poll`` s for up to ``seconds``: whether it came true."""
+    deadline = time.monotonic() + seconds
+    while not done():
         if time.monotonic() > deadline:
-            raise TimeoutError(f"no go from the driver in {BARRIER_TIMEOUT_S:.0f} s")
-        time.sleep(0.005)
+            return False
+        time.sleep(poll)
+    return True
 
 
 def release(barrier: Path, names: list[str], procs: list, logs: list[Path], timeout: float) -> float:
@@ -151,12 +158,9 @@ def release(barrier: Path, names: list[str], procs: list, logs: list[Path], time
 
 def wait_for_ranks(results: Path, ranks: int) -> None:
     """Block until every rank has written its result (so no loader closes while another still reads)."""
-    deadline = time.monotonic() + BARRIER_TIMEOUT_S
-    while len(list(results.glob("rank*.json"))) < ranks:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"only {len(list(results.glob('rank*.json')))} of {ranks} ranks finished in "
-                               f"{BARRIER_TIMEOUT_S:.0f} s")
-        time.sleep(0.2)
+    if not wait_until(lambda: len(list(results.glob("rank*.json"))) >= ranks, BARRIER_TIMEOUT_S, 0.2):
+        raise TimeoutError(f"only {len(list(results.glob('rank*.json')))} of {ranks} ranks finished in "
+                           f"{BARRIER_TIMEOUT_S:.0f} s")
 
 
 def rank_main(spec: dict) -> None:

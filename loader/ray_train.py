@@ -1,12 +1,12 @@
 """Ray Train: every ``TorchTrainer`` worker iterates its world rank of one named loader.
 
 The driver builds :class:`LoaderShards` (it starts the named loader's coordinator and its readers, which live
-while the driver's loader is open, and no longer than the driver) and passes it in ``train_loop_config``; each worker calls :meth:`LoaderShards.shard`
-(as it would call ``ray.train.get_dataset_shard`` for Ray Data) and iterates the :class:`loader.torch.RankDataset`
-it returns. :meth:`LoaderShards.save` writes a worker's loader state into the checkpoint directory it reports
-with ``ray.train.report``; after a failure, Ray Train restarts the workers (``FailureConfig``) and
-:meth:`LoaderShards.shard` resumes each from the latest reported checkpoint: the steps after it are delivered
-once, none before it again. See docs/use.md ("Ray Train").
+while the driver's loader is open, and no longer than the driver) and passes it in ``train_loop_config``; each
+worker calls :meth:`LoaderShards.shard` (as it would call ``ray.train.get_dataset_shard`` for Ray Data) and
+iterates the :class:`loader.torch.RankDataset` it returns. :meth:`LoaderShards.save` writes a worker's loader
+state into the checkpoint directory it reports with ``ray.train.report``; after a failure, Ray Train restarts the
+workers (``FailureConfig``) and :meth:`LoaderShards.shard` resumes each from the latest reported checkpoint: the
+steps after it are delivered once, none before it again. See docs/use.md ("Ray Train").
 
 ::
 

@@ -356,6 +356,8 @@ class Host:
         lives (one that died without closing, such as a failed trainer worker, is not waited for). When none is
         left, the control plane closes (the run in progress ends, reads still queued are cancelled)."""
         async with self.lifecycle:
+            if where not in self.attached:  # judged dead and dropped already (or this coordinator is idle)
+                return len(self.attached)
             control = self._armed()
             self.attached.remove(where)
             if self.attached:
@@ -416,10 +418,7 @@ Coordinator = ray.remote(num_cpus=0, max_restarts=0)(Host)  # a named loader's c
 
 
 class RayCalls(ControlCalls):
-    """:class:`loader.control.stream.ControlCalls`, and the calls that hand a Ray control plane its readers."""
-
-    def set_readers(self, readers: list, nodes: list[str]):
-        return self.submit(self.handle.set_readers, readers, nodes)
+    """:class:`loader.control.stream.ControlCalls`, and the calls that name a Ray control plane's readers."""
 
     def reader_handles(self):
         return self.submit(self.handle.reader_handles)
@@ -453,6 +452,10 @@ class LocalControl(LoopCalls, RayCalls):
             return Control(index, config, watch=False)
 
         super().__init__(asyncio.run_coroutine_threadsafe(make(), control_loop()).result())
+
+    def set_readers(self, readers: list, nodes: list[str]):
+        """Hand the control plane this process's readers (a named loader's coordinator starts its own)."""
+        return self.submit(self.handle.set_readers, readers, nodes)
 
 
 def connect(address: str | None, *, name: str | None = None, processes: int = 1) -> None:
