@@ -30,7 +30,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from balancer.cost import CostModel, nonnegative_lstsq
+from balancer.cost import CostModel, fit_columns, nonnegative_lstsq
 from loader.spec import BatchSpec
 
 
@@ -284,12 +284,10 @@ def calibrate(records: list[dict], *, microbatches: int | None = None, emb_bytes
     X = np.array([_step_features(r) for r in rows], dtype=np.float64)  # (n, 3)
     A = np.column_stack([X, np.ones(len(rows))])  # (n, 4): sum L^2, sum L, n, 1
     y = np.array([r["compute_s"] for r in rows])
-    coef = nonnegative_lstsq(A, y)
+    coef, r2 = fit_columns(A, y)
     if not np.any(coef[:3] > 0):
         raise ValueError("compute_s does not grow with the step's tokens or samples; nothing to calibrate from")
     residual = y - A @ coef
-    spread = float(np.sum((y - y.mean()) ** 2))
-    r2 = 1.0 - float(np.sum(residual**2)) / spread if spread > 0 else 1.0
     dof = max(len(rows) - int(np.count_nonzero(coef)), 1)
     jitter = float(np.sqrt(np.sum(residual**2) / dof) / np.sqrt(microbatches))
 

@@ -27,9 +27,13 @@ class CostModel:
     linear: float
     constant: float = 0.0
     r2: float | None = field(default=None, compare=False)
+    # fixed seconds a microbatch pays whatever its samples (kernel launches, the loss's fixed work), from
+    # ``fit(..., per_microbatch=True)``; not part of ``cost``: every bin of a lockstep plan pays it once, so it
+    # moves no sample and changes no plan, but a fit without it pushes it into ``constant`` per sample
+    per_microbatch: float = field(default=0.0, compare=False)
 
     def __post_init__(self) -> None:
-        for name in ("quadratic", "linear", "constant"):
+        for name in ("quadratic", "linear", "constant", "per_microbatch"):
             value = getattr(self, name)
             if not isinstance(value, (int, float, np.integer, np.floating)) or not math.isfinite(value):
                 raise ValueError(f"CostModel.{name} must be a finite number, got {value!r}")
@@ -86,12 +90,15 @@ class CostModel:
         return cls(quadratic=quadratic * scale, linear=linear * scale, constant=0.0)
 
     @classmethod
-    def fit(cls, lengths_per_microbatch: Sequence[Sequence[int]], seconds: Sequence[float]) -> "CostModel":
+    def fit(cls, lengths_per_microbatch: Sequence[Sequence[int]], seconds: Sequence[float], *,
+            per_microbatch: bool = False) -> "CostModel":
         """Least-squares fit of measured microbatch times; returns a model in seconds with ``.r2``.
 
         A microbatch's time is modelled as ``sum(cost(L))`` over its samples, i.e.
-        ``quadratic * sum(L^2) + linear * sum(L) + constant * n_samples``. Coefficients are kept
-        non-negative (an exact search over the active sets of this 3-variable problem).
+        ``quadratic * sum(L^2) + linear * sum(L) + constant * n_samples``, plus with ``per_microbatch`` a fixed
+        ``per_microbatch`` seconds (where launches, not FLOPs, set a small microbatch's time: without the term
+        such times fit badly, R^2 near or below 0). Coefficients are kept non-negative (an exact search over the
+        active sets of this 3- or 4-variable problem).
         """
         if len(lengths_per_microbatch) != len(seconds):
             raise ValueError(
@@ -103,32 +110,35 @@ class CostModel:
         y = np.asarray(seconds, dtype=np.float64)
         if not np.all(np.isfinite(y)) or np.any(y < 0):
             raise ValueError("fit: measured seconds must be finite and >= 0")
-        # features: (n_microbatches, 3) = [sum L^2, sum L, n]
-        features = np.zeros((len(y), 3), dtype=np.float64)
+        # features: (n_microbatches, 3 or 4) = [sum L^2, sum L, n(, 1)]
+        features = np.zeros((len(y), 4 if per_microbatch else 3), dtype=np.float64)
+        features[:, 3:] = 1.0
         for row, lengths in enumerate(lengths_per_microbatch):
             lengths = np.asarray(lengths, dtype=np.float64)
             if lengths.size and lengths.min() < 1:
                 raise ValueError(f"fit: microbatch {row} has a length < 1")
-            features[row] = (np.sum(lengths * lengths), np.sum(lengths), lengths.size)
-        coef = nonnegative_lstsq(features, y)
-        if not np.any(coef > 0):
-            raise ValueError("fit: measured times do not grow with length; no positive cost model fits")
-        residual = y - features @ coef
-        total = np.sum((y - y.mean()) ** 2)
-        r2 = 1.0 - float(np.sum(residual**2) / total) if total > 0 else 1.0
-        return cls(quadratic=coef[0], linear=coef[1], constant=coef[2], r2=r2)
+            features[row, :3] = (np.sum(lengths * lengths), np.sum(lengths), lengths.size)
+        coef, r2 = fit_columns(features, y)
+        if not np.any(coef[:3] > 0):
+            fixed = f" (a fixed {coef[3]:.3g} s per microbatch explains them)" if per_microbatch else ""
+            raise ValueError(f"fit: measured times do not grow with length{fixed}; no positive cost model fits")
+        return cls(quadratic=coef[0], linear=coef[1], constant=coef[2], r2=r2,
+                   per_microbatch=coef[3] if per_microbatch else 0.0)
 
     def to_dict(self) -> dict:
         out = {"quadratic": self.quadratic, "linear": self.linear, "constant": self.constant}
         if self.r2 is not None:
             out["r2"] = self.r2
+        if self.per_microbatch:
+            out["per_microbatch"] = self.per_microbatch
         return out
 
     @classmethod
     def from_dict(cls, data: dict) -> "CostModel":
-        unknown = set(data) - {"quadratic", "linear", "constant", "r2"}
+        unknown = set(data) - {"quadratic", "linear", "constant", "r2", "per_microbatch"}
         if unknown:
-            raise ValueError(f"unknown cost-model keys {sorted(unknown)}; expected quadratic, linear, constant, r2")
+            raise ValueError(f"unknown cost-model keys {sorted(unknown)}; expected quadratic, linear, constant, r2, "
+                             "per_microbatch")
         missing = {"quadratic", "linear"} - set(data)
         if missing:
             raise ValueError(f"cost model is missing {sorted(missing)}")
@@ -139,9 +149,11 @@ DEFAULT_COST_MODEL = CostModel(quadratic=1.0, linear=0.0)
 
 
 def nonnegative_lstsq(features: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Exact non-negative least squares for a handful of columns: best over all active sets."""
+    """Exact non-negative least squares for a handful of columns: best over all active sets (a larger set must
+    fit better by more than rounding, so an exact fit by fewer columns is not blurred over more)."""
     n_cols = features.shape[1]
     best, best_err = np.zeros(n_cols), float(np.sum(y * y))
+    tie = 1e-12 * best_err
     for size in range(1, n_cols + 1):
         for active in itertools.combinations(range(n_cols), size):
             sub, *_ = np.linalg.lstsq(features[:, active], y, rcond=None)
@@ -150,6 +162,14 @@ def nonnegative_lstsq(features: np.ndarray, y: np.ndarray) -> np.ndarray:
             coef = np.zeros(n_cols)
             coef[list(active)] = sub
             err = float(np.sum((y - features @ coef) ** 2))
-            if err < best_err:
+            if err < best_err - tie:
                 best, best_err = coef, err
     return best
+
+
+def fit_columns(features: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
+    """``nonnegative_lstsq`` of ``y`` on ``features`` and the fit's R^2 (1.0 where ``y`` does not vary)."""
+    coef = nonnegative_lstsq(features, y)
+    spread = float(np.sum((y - y.mean()) ** 2))
+    r2 = 1.0 - float(np.sum((y - features @ coef) ** 2)) / spread if spread > 0 else 1.0
+    return coef, r2

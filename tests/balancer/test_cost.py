@@ -44,6 +44,25 @@ def test_fit_recovers_coefficients_and_r2():
     assert 0.8 < CostModel.fit(batches, noisy).r2 < 1.0
 
 
+def test_fit_with_a_fixed_cost_per_microbatch():
+    """Launch-bound microbatches (a fixed time each, plus a little per token): through the origin the fixed part
+    has nowhere to go and the fit explains almost nothing; with ``per_microbatch`` it is recovered, kept out of
+    the per-sample cost, and round-trips through a cost file's dict."""
+    rng = np.random.default_rng(1)
+    true = CostModel(quadratic=1e-10, linear=5e-8, constant=0.0)
+    batches = [rng.integers(1, 1000, size=rng.integers(1, 17)) for _ in range(60)]
+    seconds = [2e-3 + float(true.cost(b).sum()) for b in batches]
+    assert CostModel.fit(batches, seconds).r2 < 0.5
+    fitted = CostModel.fit(batches, seconds, per_microbatch=True)
+    assert fitted.r2 == pytest.approx(1.0)
+    assert fitted.per_microbatch == pytest.approx(2e-3, rel=1e-6)
+    assert fitted.quadratic == pytest.approx(true.quadratic, rel=1e-4)
+    assert fitted.cost([100])[0] == pytest.approx(true.cost([100])[0], rel=1e-4)  # per sample: no fixed part
+    assert CostModel.from_dict(fitted.to_dict()).per_microbatch == fitted.per_microbatch
+    with pytest.raises(ValueError, match="fixed 0.003 s per microbatch explains them"):
+        CostModel.fit(batches, [3e-3] * len(batches), per_microbatch=True)
+
+
 def test_fit_keeps_coefficients_non_negative():
     batches = [[10], [20], [30], [40]]
     seconds = [5.0, 4.0, 3.0, 2.5]  # falls with length: the best non-negative fit is a constant

@@ -12,6 +12,8 @@ def test_smoke_run_reports_every_part(tmp_path):
     result = train_gpu.main(["--device", "cpu", "--quick", "--ranks", "2,3", "--json-out", str(out)])
     assert json.loads(out.read_text())["bubbles"] == json.loads(json.dumps(result["bubbles"]))
     assert result["fit"]["microbatches"] == 12 and result["fit"]["r2"] <= 1.0  # CPU timings: R² may be < 0
+    fixed = result["fit"]["with_fixed"]  # one more column (a fixed cost per microbatch) never fits worse
+    assert "error" in fixed or fixed["r2"] >= result["fit"]["r2"] - 1e-9
     assert [row["ranks"] for row in result["bubbles"]] == [2, 3]
     for row in result["bubbles"]:
         assert 0.0 <= row["measured_balanced"] < 1.0 and 0.0 <= row["measured_naive"] < 1.0
