@@ -18,5 +18,6 @@ def test_smoke_run_reports_every_part(tmp_path):
     for row in result["bubbles"]:
         assert 0.0 <= row["measured_balanced"] < 1.0 and 0.0 <= row["measured_naive"] < 1.0
         assert row["planned_balanced"] <= row["planned_naive"]
+        assert row["step_s_naive"] > 0 and row["step_s_balanced"] > 0
     attention = result["attention"]
     assert attention["tokens"] <= attention["padded_tokens"] and attention["varlen_tokens_per_s"] > 0
