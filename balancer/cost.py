@@ -27,9 +27,9 @@ class CostModel:
     linear: float
     constant: float = 0.0
     r2: float | None = field(default=None, compare=False)
-    # fixed seconds a microbatch pays whatever its samples (kernel launches, the loss's fixed work), from
-    # ``fit(..., per_microbatch=True)``; not part of ``cost``: every bin of a lockstep plan pays it once, so it
-    # moves no sample and changes no plan, but a fit without it pushes it into ``constant`` per sample
+    # fixed seconds a non-empty microbatch pays whatever its samples (kernel launches, the loss's fixed work),
+    # from ``fit(..., per_microbatch=True)``: reported, not planned with (``cost`` stays per sample); a fit
+    # without the term pushes it into ``constant`` per sample
     per_microbatch: float = field(default=0.0, compare=False)
 
     def __post_init__(self) -> None:

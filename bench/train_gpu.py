@@ -15,8 +15,8 @@ Three parts, one run, one device:
    median of ``--repeats`` timed runs after a warm-up is its time.
    ``CostModel.fit(lengths per microbatch, seconds)`` gives the model and its R² (target >= 0.95); the same fit
    with ``per_microbatch=True`` says how much of a microbatch's time is fixed (launches: under bf16 it sets
-   these small microbatches' time). Part 2 plans with the first: the planner has no fixed cost per bin, and a
-   model without it (constant 0 per sample) packs samples into the fewest microbatch slots.
+   these small microbatches' time). Part 2 plans with the first, as earlier runs did: the planner has no fixed
+   cost per bin, and the second's per-sample part (constant 0) packs samples into the fewest microbatch slots.
 2. **Measured bubbles.** For R in ``--ranks`` (8, 16, 64 virtual ranks) x M microbatches: one global batch of
    heavy-tailed lengths (``--per-bin`` samples per bin on average, capped at ``--max-len``), planned by
    ``naive`` and by ``balanced`` (with the fitted cost model); every (rank, microbatch) bin is timed on the
