@@ -64,6 +64,7 @@ from loader.config import LoaderConfig
 from loader.errors import CoordinatorLost, NodeLost, ReadersLost
 from loader.backends.telemetry import PUBLISH_S, Publisher, loader_tag
 from loader.stages.pipeline import Resume, warm_up
+from loader.control.production import MESSAGE_BYTES, REMOTE_MESSAGE_BYTES
 from loader.control.protocol import End, Fetched, Health, Lost, Opened, Packed, Reply, Step, Wait, Where
 from loader.stages.decode import readahead_units
 from loader.backends.inline import InlineClient
@@ -247,15 +248,17 @@ async def _dead_nodes(nodes: set[str], timeout: float) -> set[str]:
 
 class Control:
     """One loader's control plane: a :class:`loader.control.service.Service` over :class:`RayReaders`, and its
-    metrics. ``watch``: check that the ranks' processes and nodes live (off when they all run in this process)."""
+    metrics. ``remote_ranks``: the ranks run in other processes (a named loader's coordinator): their processes
+    and nodes are checked to live, and messages are larger (``REMOTE_MESSAGE_BYTES``: each costs a Ray call)."""
 
-    def __init__(self, index: SourceIndex, config: LoaderConfig, watch: bool = True) -> None:
+    def __init__(self, index: SourceIndex, config: LoaderConfig, remote_ranks: bool = True) -> None:
         self.config = config
         self.readers = RayReaders(index, config)
         self.publisher = Publisher(self.readers.tag)
         self.publishing: asyncio.Task | None = None
-        self.service = Service(index, config, self.readers, watch=watch,
-                               readahead=readahead_units(index, config.num_readers or 2))
+        self.service = Service(index, config, self.readers, watch=remote_ranks,
+                               readahead=readahead_units(index, config.num_readers or 2),
+                               message_bytes=REMOTE_MESSAGE_BYTES if remote_ranks else MESSAGE_BYTES)
         # compile or load the planner's kernels beside the first reads (the first plan waits on numba's lock)
         threading.Thread(target=warm_up, args=(config,), daemon=True).start()
 
@@ -449,7 +452,7 @@ class LocalControl(LoopCalls, RayCalls):
 
     def __init__(self, index: SourceIndex, config: LoaderConfig) -> None:
         async def make() -> Control:
-            return Control(index, config, watch=False)
+            return Control(index, config, remote_ranks=False)
 
         super().__init__(asyncio.run_coroutine_threadsafe(make(), control_loop()).result())
 

@@ -32,6 +32,11 @@ if TYPE_CHECKING:
     from loader.control.service import Service
 
 MESSAGE_BYTES = 4 << 20  # events per rank and message, once the ramp is done
+# The same for ranks in other processes (a named loader's trainers): each message there is a Ray call and a
+# borrow of its rows' objects, about 2 ms of CPU on each side. Measured on a named loader, 2 trainer processes,
+# 2 cores (docs/benchmarks.md, ninth session): 16 MiB took 25-35% off the coordinator's and trainers' CPU
+# against 4 MiB, 64 MiB gave the trainers' back (buffers past the caches).
+REMOTE_MESSAGE_BYTES = 16 << 20
 MAX_STEPS_PER_MESSAGE = 256
 
 

@@ -190,6 +190,20 @@ def test_readers_stay_warm_with_a_named_coordinator_and_in_an_unnamed_loaders_pr
         assert pids(again) == mine
 
 
+def test_a_named_coordinator_sends_its_trainer_processes_larger_messages(ray_address, data):
+    """A message to a rank in another process is a Ray call and a borrow of its rows (about 2 ms of CPU a side):
+    a named loader's coordinator groups up to REMOTE_MESSAGE_BYTES of events per rank, a control plane in the
+    ranks' own process MESSAGE_BYTES (larger buffers there only cost memory)."""
+    kwargs = dict(ranks=2, microbatches=2, samples_per_step=30, num_readers=2, backend="ray", ray_address=ray_address)
+    with SequenceLoader(data, name="messages", **kwargs):
+        coordinator = ray.get_actor(coordinator_name("messages"), namespace=NAMESPACE)
+        remote = ray.get(coordinator.__ray_call__.remote(lambda host: host.control.service.message_bytes))
+    with SequenceLoader(data, readers="actors", **kwargs) as loader:
+        local = loader._client.control.handle.service.message_bytes
+    assert (remote, local) == (ray_backend.REMOTE_MESSAGE_BYTES, ray_backend.MESSAGE_BYTES)
+    assert remote > local
+
+
 def test_reader_actors_decode_on_every_core_of_their_node(ray_address, data):
     """Ray gives a zero-CPU actor OMP_NUM_THREADS=1, which pyarrow's thread pool (a part's decode) would follow."""
     with SequenceLoader(data, backend="ray", readers="actors", ranks=2, microbatches=2, samples_per_step=12,
