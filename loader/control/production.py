@@ -26,7 +26,7 @@ from loader.control.protocol import End, Step
 from loader.control.routing import Sources
 from loader.control.runs import Run
 from loader.stages.nodes import NodeLayout
-from loader.stages.pipeline import EpochRun, PlannedStep, Resume
+from loader.stages.pipeline import EpochRun, PlannedStep, Resume, units_in
 
 if TYPE_CHECKING:
     from loader.control.service import Service
@@ -142,14 +142,11 @@ class Messages:
     def forget_read(self) -> None:
         """Once a block is planned: drop the handles no future step reads (those of rows carried
         into the next block or of the open composition window, or of steps not sent yet, stay)."""
-        needed = set(self.epoch_run.held_units().tolist())
-        for planned in self.group:
-            needed.update(np.unique(planned.unit).tolist())
-        self.sources.keep(needed)
+        self.sources.keep(set(self.epoch_run.held_units(planned.unit for planned in self.group).tolist()))
 
     async def _send(self) -> None:
         group, self.group, self.group_bytes = self.group, [], 0
-        units = np.unique(np.concatenate([planned.unit for planned in group])).tolist()
+        units = units_in((planned.unit for planned in group), len(self.service.index.units)).tolist()
         handles = {u: self.sources.handles[u] for u in units}
         config = self.service.config
         messages = rank_messages(group, config.ranks, config.microbatches, self.service.index.roles)

@@ -35,7 +35,7 @@ cuts that window again, composes it again, identically, and skips the steps alre
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -203,9 +203,10 @@ class EpochRun:
         if self.window:
             yield from self._close_window()
 
-    def held_units(self) -> np.ndarray:
-        """Units whose rows later steps read: those of carried rows and of the open window, int64 (u,)."""
-        return np.unique(np.concatenate([self.pending.unit, *(batch.unit for batch in self.window)]))
+    def held_units(self, also: Iterable[np.ndarray] = ()) -> np.ndarray:
+        """Units whose rows later steps read: those of carried rows, of the open window and of ``also`` (arrays
+        of unit ids), ascending, int64 (u,)."""
+        return units_in((self.pending.unit, *(batch.unit for batch in self.window), *also), len(self.unit_rows))
 
     def _cut(self, block: int, metas: list[UnitMeta]) -> Iterator[Batch]:
         member, row = self.order.rows_of(block, self.unit_rows)  # (n,) each, in epoch order
@@ -339,3 +340,11 @@ def warm_up(config: LoaderConfig) -> None:
         if fits:
             config.plan(lengths)
 
+
+def units_in(arrays: Iterable[np.ndarray], n_units: int) -> np.ndarray:
+    """The unit ids (< ``n_units``) that occur in any of ``arrays``, ascending, int64 (u,): a mask over the units,
+    not a sort of every row's unit (the rows of a message or window are tens of thousands, their units a few)."""
+    present = np.zeros(n_units, dtype=bool)
+    for units in arrays:
+        present[units] = True
+    return np.flatnonzero(present)

@@ -16,7 +16,8 @@ from balancer import CostModel
 from loader import SequenceLoader
 from loader.contract import sources
 from loader.contract.schema import Columns
-from loader.stages.pipeline import EpochRun
+from loader.stages.decode import read_unit
+from loader.stages.pipeline import EpochRun, units_in
 
 from .helpers import (assert_resume_equal, check_layout, collect, corrupt_row_group, histories, messy, record,
                       source_histories, synth)
@@ -248,6 +249,32 @@ def test_row_groups_in_parts_keep_their_parts_in_row_order_exactly_once_and_resu
             assert order[order.index(unit) + 1] == unit + 1
     for stop_after in (3, 8, 13):
         assert_resume_equal(data, {**KWARGS, "shuffle_window": 8}, stop_after=stop_after, spawn=False)
+
+
+@given(st.lists(st.lists(st.integers(0, 19), max_size=30), max_size=6))
+@settings(max_examples=60, deadline=None)
+def test_units_in_is_the_ascending_set_of_units(arrays):
+    arrays = [np.array(a, dtype=np.int64) for a in arrays]
+    want = sorted({u for a in arrays for u in a.tolist()})
+    assert units_in(arrays, 20).tolist() == want
+    assert units_in(iter(arrays), 20).tolist() == want  # a generator, as the control plane passes
+
+
+def test_held_units_are_those_of_the_carried_rows_and_the_open_window(data):
+    """What the control plane keeps the handles of after each block (``Messages.forget_read``)."""
+    index = sources.index_source(data)
+    with SequenceLoader(data, **{**KWARGS, "shuffle_window": 16}) as loader:
+        run = EpochRun(index, loader.config, epoch=0)
+    metas = [read_unit(index, u, max_seq_len=None, skip_corrupt=False).meta() for u in range(len(index.units))]
+    seen_window = False
+    for block in range(run.order.blocks):
+        planned = list(run.feed(block, [metas[u] for u in run.units(block)]))
+        rows = [run.pending.unit, *(batch.unit for batch in run.window)]
+        seen_window |= bool(run.window)
+        assert run.held_units().tolist() == sorted(set(np.concatenate(rows).tolist()))
+        also = [step.unit for step in planned]
+        assert run.held_units(also).tolist() == sorted(set(np.concatenate(rows + also).tolist()))
+    assert seen_window  # a window was open at some block's end: the check saw more than carried rows
 
 
 def test_resume_across_processes_and_epochs(data):
