@@ -326,8 +326,9 @@ class Host:
         self.expiry: asyncio.Task | None = None
         # readers start as this actor starts (beside the first attach, not after it: each is a process start and
         # imports); between loaders they wait warm in this process (loader.backends.reader.give_back)
-        self.starting: concurrent.futures.Future | None = concurrent.futures.ThreadPoolExecutor(1).submit(
-            take_readers, readers)
+        starter = concurrent.futures.ThreadPoolExecutor(1)
+        self.starting: concurrent.futures.Future | None = starter.submit(take_readers, readers)
+        starter.shutdown(wait=False)  # its one thread ends with the start, not with this actor
         self.readers: tuple[list, list[str]] | None = None  # the armed loader's
 
     async def attach(self, index: SourceIndex, config: LoaderConfig, fingerprint: tuple, count: int, where: Where,
