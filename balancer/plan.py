@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from balancer.balanced import certified_stacks
 from balancer.cost import DEFAULT_COST_MODEL, CostModel
 from balancer.kernels.common import counting_sort
 from balancer.kernels.totals import bin_totals
@@ -98,13 +99,11 @@ def plan(
     if max_tokens is not None:
         max_tokens = positive_int("max_tokens", max_tokens)
         _check_token_cap(lengths, max_tokens, ranks * microbatches)
-    if not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    seed = _seed(seed)
     layout = validate_layout(home, rank_node, lengths.size, ranks)
     objective = _objective(objective)
     costs = cost_model.cost(lengths)
-    problem = Problem(lengths, costs, ranks, microbatches, max_tokens, bool(equal_count), int(seed), cost_model,
-                      objective)
+    problem = Problem(lengths, costs, ranks, microbatches, max_tokens, bool(equal_count), seed, cost_model, objective)
 
     start = time.perf_counter()
     kept = True
@@ -117,6 +116,79 @@ def plan(
     away = (0.0, 0.0) if layout is None else crossing(layout, problem.lengths, result.rank)
     result.metrics.update(crossing_samples=away[0], crossing_tokens=away[1], locality_fallback=int(not kept))
     return result
+
+
+class StepError(ValueError):
+    """:func:`plan_steps` could not plan step ``step`` (its index in the call): ``plan``'s message."""
+
+    def __init__(self, step: int, exc: ValueError) -> None:
+        super().__init__(str(exc))
+        self.step = step
+
+
+def plan_steps(
+    lengths,
+    sizes,
+    *,
+    ranks: int,
+    microbatches: int,
+    cost_model: CostModel | None = None,
+    max_tokens: int | None = None,
+    equal_count: bool = False,
+    method: str = "balanced",
+    seed: int = 0,
+    objective: Objective | str = Objective.LOCKSTEP,
+) -> list[Plan]:
+    """:func:`plan` of each of several steps: step k is the next ``sizes[k]`` samples of ``lengths``. The same
+    plans as one :func:`plan` call per step (no locality: pass ``home`` to :func:`plan` step by step); a step
+    that cannot be planned raises :class:`StepError` (a ValueError) naming it.
+
+    What it saves: with ``balanced``, a step whose first start (the stacked fill, where a sample costs more
+    than a mean bin) is certified is planned by that start alone; this runs it for every step in one numba call
+    (:mod:`balancer.kernels.stacked`) instead of one Python round per step, and plans only the other steps
+    one at a time. Each plan's ``seconds`` is its share of that call, plus its own planning where it had any.
+    """
+    entry = get_planner(method)
+    ranks = positive_int("ranks", ranks)
+    microbatches = positive_int("microbatches", microbatches)
+    cost_model = cost_model or DEFAULT_COST_MODEL
+    if not isinstance(cost_model, CostModel):
+        raise ValueError(f"cost_model must be a balancer.CostModel, got {type(cost_model).__name__}")
+    if max_tokens is not None:
+        max_tokens = positive_int("max_tokens", max_tokens)
+    seed, objective = _seed(seed), _objective(objective)
+    lengths, sizes = np.asarray(lengths), np.asarray(sizes)
+    if (sizes.ndim != 1 or not np.issubdtype(sizes.dtype, np.integer) or (sizes < 0).any()
+            or lengths.ndim != 1 or sizes.sum() != lengths.size):
+        raise ValueError(f"sizes must be non-negative integers summing to the {lengths.size} lengths "
+                         f"(one-dimensional), got sizes {sizes!r}")
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    certified, share = np.zeros(len(sizes), dtype=bool), 0.0
+    valid = lengths.dtype == np.int64 and (lengths.size == 0 or lengths.min() >= 1)  # else plan() names the bad one
+    if entry.name == "balanced" and valid and len(sizes):
+        costs = cost_model.cost(lengths)
+        start = time.perf_counter()
+        certified, rank, slot = certified_stacks(lengths, costs, offsets, ranks=ranks, microbatches=microbatches,
+                                                 max_tokens=max_tokens, equal_count=bool(equal_count), seed=seed,
+                                                 objective=objective)
+        share = (time.perf_counter() - start) / len(sizes)
+    plans = []
+    for k, (a, b) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist())):
+        if certified[k]:
+            problem = Problem(lengths[a:b], costs[a:b], ranks, microbatches, max_tokens, bool(equal_count), seed,
+                              cost_model, objective)
+            result = _assemble(problem, entry, rank[a:b], slot[a:b], share)
+            result.metrics.update(crossing_samples=0.0, crossing_tokens=0.0, locality_fallback=0)
+        else:
+            try:
+                result = plan(lengths[a:b], ranks=ranks, microbatches=microbatches, cost_model=cost_model,
+                              max_tokens=max_tokens, equal_count=equal_count, method=method, seed=seed,
+                              objective=objective)
+            except ValueError as exc:
+                raise StepError(k, exc) from exc
+            result.seconds += share
+        plans.append(result)
+    return plans
 
 
 def validate_lengths(lengths) -> np.ndarray:
@@ -149,6 +221,12 @@ def _objective(value) -> Objective:
     except ValueError:
         raise ValueError(f"objective must be one of {', '.join(repr(o.value) for o in Objective)} (balancer.Objective), "
                          f"got {value!r}") from None
+
+
+def _seed(seed) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    return int(seed)
 
 
 def positive_int(name: str, value) -> int:

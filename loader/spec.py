@@ -78,6 +78,18 @@ class BatchSpec:
         )  # fmt: skip
 
 
+    def plan_steps(self, lengths: list[np.ndarray]) -> list[balancer.Plan]:
+        """:meth:`plan` of each step's ``lengths``, in one ``balancer.plan_steps`` call: the same plans, with the
+        steps that ``balanced``'s first start settles planned together (a ``balancer.StepError`` names a step
+        that cannot be planned)."""
+        sizes = np.array([len(step) for step in lengths], dtype=np.int64)
+        return balancer.plan_steps(
+            np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64), sizes, ranks=self.ranks,
+            microbatches=self.microbatches, cost_model=self.cost_model, max_tokens=self.max_tokens,
+            equal_count=self.equal_count, method=self.planner, seed=self.seed,
+        )  # fmt: skip
+
+
 def positive(key: str, value, alternative: str = "") -> None:
     """ValueError naming ``key`` unless ``value`` is a positive int (``alternative``: what else it may be)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -41,6 +41,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from balancer import Plan, StepError
 from loader.stages.clean import DROP_LAST, REASONS, VALID, UnitMeta
 from loader.config import LoaderConfig
 from loader.stages.nodes import NodeLayout
@@ -178,8 +179,8 @@ class EpochRun:
 
     def feed(self, block: int, metas: list[UnitMeta]) -> Iterator[PlannedStep]:
         """Visit the block's rows (from the cursor on) given its units' metas; yield closed steps."""
-        for batch in self.batches(block, metas):
-            yield self._plan(batch)
+        for window in self._windows(block, metas):
+            yield from self._planned(window)
 
     def finish(self) -> Iterator[PlannedStep]:
         """After the last block: the last window's steps (its short batch unless ``drop_last``), then :attr:`tail`.
@@ -187,21 +188,28 @@ class EpochRun:
         :attr:`tail` holds what the order passed after the last step (trailing skipped rows, and
         the short batch's rows under ``drop_last``); the caller counts it as the epoch's ``"end"``.
         """
-        for batch in self.last_batch():
-            yield self._plan(batch)
+        yield from self._planned(self._last_window())
 
     def batches(self, block: int, metas: list[UnitMeta]) -> Iterator[Batch]:
         """As :meth:`feed`, the steps cut (and composed) but not planned."""
-        for batch in self._cut(block, metas):
-            self.window.append(batch)
-            if len(self.window) == self.window_steps:
-                yield from self._close_window()
+        for window in self._windows(block, metas):
+            yield from window
 
     def last_batch(self) -> Iterator[Batch]:
         """As :meth:`finish`, the last window's steps cut (and composed) but not planned; sets :attr:`tail`."""
+        yield from self._last_window()
+
+    def _windows(self, block: int, metas: list[UnitMeta]) -> Iterator[list[Batch]]:
+        """The composition windows that the block's rows close, their steps cut and composed."""
+        for batch in self._cut(block, metas):
+            self.window.append(batch)
+            if len(self.window) == self.window_steps:
+                yield self._close_window()
+
+    def _last_window(self) -> list[Batch]:
+        """The last window's steps (the epoch's last, possibly short, window), cut and composed; sets :attr:`tail`."""
         self.window.extend(self._cut_last())
-        if self.window:
-            yield from self._close_window()
+        return self._close_window() if self.window else []
 
     def held_units(self, also: Iterable[np.ndarray] = ()) -> np.ndarray:
         """Units whose rows later steps read: those of carried rows, of the open window and of ``also`` (arrays
@@ -284,15 +292,13 @@ class EpochRun:
         self.step += 1
         return cut
 
-    def _close_window(self) -> Iterator[Batch]:
+    def _close_window(self) -> list[Batch]:
         """The open window's steps, composed, from the resumed step on."""
         window, self.window = self.window, []
         start, self.window_cursor = self.window_cursor, window[-1].cursor
         if len(window) > 1:
             window = self._compose(window, start)
-        for batch in window:
-            if batch.step >= self.start.step:
-                yield batch
+        return [batch for batch in window if batch.step >= self.start.step]
 
     def _compose(self, window: list[Batch], start: int) -> list[Batch]:
         """``window``'s samples regrouped into its steps by :meth:`BatchSpec.composition`."""
@@ -308,37 +314,53 @@ class EpochRun:
                                home[members], moved[members], batch.counts))
         return steps
 
-    def _plan(self, batch: Batch) -> PlannedStep:
-        lengths, home = batch.lengths, batch.home
-        planned_locally = self.layout is not None and self.config.locality
-        locality = {"home": home, "rank_node": self.layout.rank_node} if planned_locally else {}
+    def _planned(self, window: list[Batch]) -> list[PlannedStep]:
+        """The window's steps planned: all in one :meth:`BatchSpec.plan_steps` call, or one by one where the plans
+        are locality-aware."""
+        if self.layout is not None and self.config.locality:
+            return [self._planned_step(batch, *self._plan_local(batch)) for batch in window]
+        try:
+            plans = self.config.plan_steps([batch.lengths for batch in window])
+        except StepError as exc:
+            raise _unplannable(window[exc.step], exc) from exc
+        return [self._planned_step(batch, plan, plan.seconds) for batch, plan in zip(window, plans)]
+
+    def _plan_local(self, batch: Batch) -> tuple[Plan, float]:
+        """``batch`` planned with its samples' home nodes, and the seconds that took."""
         started = time.perf_counter()
         try:
-            plan = self.config.plan(lengths, **locality)
+            plan = self.config.plan(batch.lengths, home=batch.home, rank_node=self.layout.rank_node)
         except ValueError as exc:
-            raise ValueError(f"step {batch.step}: cannot plan its {len(lengths)} samples: {exc}") from exc
-        seconds = time.perf_counter() - started
+            raise _unplannable(batch, exc) from exc
+        return plan, time.perf_counter() - started
+
+    def _planned_step(self, batch: Batch, plan: Plan, seconds: float) -> PlannedStep:
         order, bins = plan.groups()
         crossing = (0, 0)
         if self.layout is not None:
-            away = home != self.layout.rank_node[plan.rank]  # (n,)
-            crossing = (int(np.count_nonzero(away)), int(lengths[away].sum()))
+            away = batch.home != self.layout.rank_node[plan.rank]  # (n,)
+            crossing = (int(np.count_nonzero(away)), int(batch.lengths[away].sum()))
         return PlannedStep(
             **vars(batch), order=order, bins=bins, loads=plan.loads.astype(np.float64), planner_seconds=seconds,
             metrics=plan.metrics, crossing=crossing,
         )  # fmt: skip
 
 
+def _unplannable(batch: Batch, exc: Exception) -> ValueError:
+    return ValueError(f"step {batch.step}: cannot plan its {len(batch.lengths)} samples: {exc}")
+
+
 def warm_up(config: LoaderConfig) -> None:
-    """Plan two tiny batches so the planner's kernels are compiled (or loaded from numba's cache)
-    before the first timed step: one of equal lengths, one with a long sample."""
+    """Plan two tiny batches as the run plans its windows (:meth:`BatchSpec.plan_steps`) so the planner's kernels
+    are compiled (or loaded from numba's cache) before the first timed step: one of equal lengths, one with a long
+    sample."""
     bins = config.ranks * config.microbatches
     for lengths in (np.ones(bins, dtype=np.int64), np.r_[4, np.ones(4 * bins, dtype=np.int64)]):
         fits = config.max_tokens is None or (
             lengths.max() <= config.max_tokens and lengths.sum() <= config.max_tokens * bins
         )
         if fits:
-            config.plan(lengths)
+            config.plan_steps([lengths])
 
 
 def units_in(arrays: Iterable[np.ndarray], n_units: int) -> np.ndarray:
