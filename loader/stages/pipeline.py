@@ -24,7 +24,8 @@ batch closes at its ``samples_per_step``-th valid row. Valid rows left over at t
 With ``config.compose`` (the default), the cut batches are gathered into composition windows of
 ``config.compose_window`` steps (steps ``w*K .. w*K + K - 1`` of the epoch; the epoch's last window may be
 shorter) and :func:`balancer.compose.compose` decides which of the window's samples make up each of its
-steps, each step keeping its size; then each step is planned. A window's steps come out once its last
+steps, each step keeping its size; then its steps are planned together (:func:`balancer.plan_steps`: the plans of
+one :func:`balancer.plan` per step, in one call). A window's steps come out once its last
 batch is cut, so the rows of a whole window are held (:meth:`EpochRun.held_units`).
 
 Resuming needs only (step, cursor): ``cursor`` is where the window holding step ``step`` starts (a
