@@ -84,10 +84,11 @@ def decode_in_processes(index, units: list[int], procs: int) -> tuple[float, flo
             child.start()
         for round_ in range(2):
             barriers[round_].wait()  # every child past its imports (round 0) or its first decode (round 1)
-            start = time.perf_counter()
             got = [results.get() for _ in children]
-            walls.append(max(end for end, _ in got) - start)
-            size = sum(s for _, s in got)
+            # from the first child's start to the last one's end, on the clock they share (the parent may wake
+            # from the barrier after a child's tiny decode ended)
+            walls.append(max(end for _, end, _ in got) - min(start for start, _, _ in got))
+            size = sum(s for _, _, s in got)
         barriers[2].wait()
         for child in children:
             child.join()
@@ -99,8 +100,9 @@ def _child(index, units: list[int], barriers, results) -> None:
 
     for round_ in range(2):
         barriers[round_].wait()
+        start = time.perf_counter()
         size = _decode(index, units)
-        results.put((time.perf_counter(), size))
+        results.put((start, time.perf_counter(), size))
     barriers[2].wait()
 
 

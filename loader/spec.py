@@ -77,7 +77,6 @@ class BatchSpec:
             **locality,
         )  # fmt: skip
 
-
     def plan_steps(self, lengths: list[np.ndarray]) -> list[balancer.Plan]:
         """:meth:`plan` of each step's ``lengths``, in one ``balancer.plan_steps`` call: the same plans, with the
         steps that ``balanced``'s first start settles planned together (a ``balancer.StepError`` names a step

@@ -39,7 +39,9 @@ def test_decodes_the_loaders_first_block(tmp_path):
                    check=True, env=env, timeout=300, capture_output=True)
     result = json.loads(out.read_text())
     assert result["block_row_groups"] == len(units) and result["decoded_bytes"] == expected
-    assert result["decode_cold_s"] > 0 and result["reader_start_cpu_s"] > 0
-    for key in ("decode_cold_s", "decode_warm_s", "threads_cold_s", "threads_warm_s", "touch_fresh_s",
-                "touch_again_s", "reader_start_wall_s", "reader_start_cpu_s"):
-        assert result[key] >= 0, key
+    # every decode takes time: a wall of 0 or below (rounded to 0.1 ms) is a clock read in the wrong place (the
+    # parent woke from the barrier after a child's decode ended: -0.0001 s once)
+    for key in ("decode_cold_s", "decode_warm_s", "threads_cold_s", "threads_warm_s", "reader_start_wall_s",
+                "reader_start_cpu_s"):
+        assert result[key] > 0, key
+    assert isinstance(result["touch_fresh_s"], float) and isinstance(result["touch_again_s"], float)
