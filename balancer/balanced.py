@@ -56,11 +56,11 @@ import numpy as np
 
 from balancer.kernels.assign import lpt_assign, pack_within_ranks
 from balancer.kernels.colfill import column_fill
-from balancer.kernels.stacked import stacked_steps
+from balancer.kernels.settle import settle_steps
 from balancer.kernels.runs import deficit_fill, spread_runs
 from balancer.lpt import flat_lpt_bins
-from balancer.polish import (REFINE_STEPS_PER_BIN, REFINE_TOLERANCE, REFINE_WORK_PER_SAMPLE, Candidate, lay_out,
-                             level_slot, polish, positive_levels)
+from balancer.polish import (REFINE_STEPS_PER_BIN, REFINE_TOLERANCE, REFINE_WORK_PER_SAMPLE, TIGHTEN_STEPS_PER_BIN,
+                             Candidate, lay_out, level_slot, polish, positive_levels)
 from balancer.registry import Honours, Objective, Problem, register
 from balancer.zigzag import serpentine
 
@@ -230,15 +230,16 @@ def balanced(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
     return best.rank_of_bin[best.bins], best.slot_of_bin[best.bins]
 
 
-def certified_stacks(lengths: np.ndarray, costs: np.ndarray, offsets: np.ndarray, *, ranks: int, microbatches: int,
-                     max_tokens: int | None, equal_count: bool, seed: int,
-                     objective: Objective) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Steps ``lengths[offsets[k]:offsets[k + 1]]`` (costs ``costs``) whose stacked start runs first and is certified,
-    planned by it in one numba call (:mod:`balancer.kernels.stacked`): ``certified`` bool (K,), and each sample's
+def settled_steps(lengths: np.ndarray, costs: np.ndarray, offsets: np.ndarray, *, ranks: int, microbatches: int,
+                  max_tokens: int | None, equal_count: bool, seed: int,
+                  objective: Objective) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Steps ``lengths[offsets[k]:offsets[k + 1]]`` (costs ``costs``) that the starts :func:`balanced` runs first
+    settle, planned in one numba call (:mod:`balancer.kernels.settle`): ``settled`` bool (K,), and each sample's
     rank and microbatch int64 (N,) in those steps, the ones :func:`balanced` returns for them; -1 elsewhere."""
-    return stacked_steps(lengths, costs, offsets, ranks, microbatches, max_tokens or 0, equal_count, seed,
-                         objective is Objective.STEP, (REFINE_TOLERANCE, CERTIFY_TOLERANCE),
-                         (REFINE_STEPS_PER_BIN, REFINE_WORK_PER_SAMPLE))
+    return settle_steps(lengths, costs, offsets, ranks, microbatches, max_tokens or 0, equal_count, seed,
+                        objective is Objective.STEP, (REFINE_TOLERANCE, CERTIFY_TOLERANCE, CHOICE_TOLERANCE),
+                        (REFINE_STEPS_PER_BIN, REFINE_WORK_PER_SAMPLE, TIGHTEN_STEPS_PER_BIN, FILL_ONLY_PER_BIN,
+                         LPT_ONLY_SAMPLES))
 
 
 def _zigzag_start(problem: Problem, order: np.ndarray) -> np.ndarray | None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from balancer.balanced import certified_stacks
+from balancer.balanced import settled_steps
 from balancer.cost import DEFAULT_COST_MODEL, CostModel
 from balancer.kernels.common import counting_sort
 from balancer.kernels.totals import bin_totals
@@ -143,10 +143,11 @@ def plan_steps(
     plans as one :func:`plan` call per step (no locality: pass ``home`` to :func:`plan` step by step); a step
     that cannot be planned raises :class:`StepError` (a ValueError) naming it.
 
-    What it saves: with ``balanced``, a step whose first start (the stacked fill, where a sample costs more
-    than a mean bin) is certified is planned by that start alone; this runs it for every step in one numba call
-    (:mod:`balancer.kernels.stacked`) instead of one Python round per step, and plans only the other steps
-    one at a time. Each plan's ``seconds`` is its share of that call, plus its own planning where it had any.
+    What it saves: with ``balanced``, most steps are settled by the first start or two (the stacked fill where a
+    sample costs more than a mean bin, else the flat ``fill`` and ``lpt``); this runs those starts for every step
+    in one numba call (:mod:`balancer.kernels.settle`) instead of one Python round per step, and plans only the
+    steps they do not settle one at a time. Each plan's ``seconds`` is its share of that call, plus its own
+    planning where it had any.
     """
     entry = get_planner(method)
     ranks = positive_int("ranks", ranks)
@@ -163,18 +164,18 @@ def plan_steps(
         raise ValueError(f"sizes must be non-negative integers summing to the {lengths.size} lengths "
                          f"(one-dimensional), got sizes {sizes!r}")
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    certified, share = np.zeros(len(sizes), dtype=bool), 0.0
+    settled, share = np.zeros(len(sizes), dtype=bool), 0.0
     valid = lengths.dtype == np.int64 and (lengths.size == 0 or lengths.min() >= 1)  # else plan() names the bad one
     if entry.name == "balanced" and valid and len(sizes):
         costs = cost_model.cost(lengths)
         start = time.perf_counter()
-        certified, rank, slot = certified_stacks(lengths, costs, offsets, ranks=ranks, microbatches=microbatches,
-                                                 max_tokens=max_tokens, equal_count=bool(equal_count), seed=seed,
-                                                 objective=objective)
+        settled, rank, slot = settled_steps(lengths, costs, offsets, ranks=ranks, microbatches=microbatches,
+                                            max_tokens=max_tokens, equal_count=bool(equal_count), seed=seed,
+                                            objective=objective)
         share = (time.perf_counter() - start) / len(sizes)
     plans = []
     for k, (a, b) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist())):
-        if certified[k]:
+        if settled[k]:
             problem = Problem(lengths[a:b], costs[a:b], ranks, microbatches, max_tokens, bool(equal_count), seed,
                               cost_model, objective)
             result = _assemble(problem, entry, rank[a:b], slot[a:b], share)

@@ -13,8 +13,8 @@ tie-breaking rules each module states are part of the contract. Bins are ``b = r
 - ``refine``, ``exchange``, ``tighten``: the local searches that polish a start;
 - ``locality``: the node split and the trades of the locality-aware plan;
 - ``compose``: step composition's cores, repair and even layers, and a window's time;
-- ``stacked``: ``balanced``'s stacked start for many steps in one call, kept where it certifies (its twin is
-  ``balanced`` itself: the same start, one Python round per step);
+- ``settle``: ``balanced``'s first starts for many steps in one call, kept where they settle the step (its twin
+  is ``balanced`` itself: the same starts, one Python round per step);
 - ``totals``: per-bin totals of a plan, the summary its metrics come from, a candidate's layout and scores, and
   NumPy's pairwise sum (scores equal to the last bit).
 """

@@ -1,0 +1,248 @@
+"""``settle_steps``: ``balanced``'s first starts for many steps in one call, kept where they settle the step (numba).
+
+``balanced`` runs its starts one at a time and stops at the first *certified* one (peak at the lower bound, the
+time of the objective within ``certify`` of its floor). On a loader's composed steps most steps are settled by
+their first start or two, and the Python between the kernels (the problem, each start's bookkeeping, the
+candidates, the choice) cost more than the kernels. This kernel runs, for every step of a window, step after
+step, the starts ``balanced`` would run first, calling the same kernels with the same arguments:
+
+- where a sample costs more than a mean bin and a rank's share more than that sample: the *stacked* start
+  (``colfill.column_fill`` up to the peak bound, refined and exchanged towards the stacked levels, laid out);
+  settled where it certifies;
+- elsewhere (every sample at most a mean bin), where no column start follows the flat ones (at least
+  ``fill_only`` samples per bin, and no ``equal_count`` below ``lpt_only`` samples): the flat starts, ``fill``
+  (``runs.deficit_fill``, without a token cap or ``equal_count``) and ``lpt`` (``runs.ring_lpt``), each spread
+  over its runs, refined, exchanged, tightened and regrouped onto ranks; settled by ``fill`` where it certifies,
+  else by the better of the two, chosen as ``balanced`` chooses.
+
+A step it does not settle (the column fill runs first, the stacked start does not certify, the column starts
+may follow the flat ones, the ``lpt`` start finds no room) is ``balanced``'s to plan: what the kernel did for it
+is done again there, so the steps it takes on are those its starts settle, every time or most of the time.
+Its twin is ``balanced`` itself: where this kernel settles a step, ``balancer.plan`` of that step returns the same
+ranks and slots (``tests/balancer/test_plan_steps.py``), bit for bit: sums are NumPy's pairwise sums
+(``totals.pairwise_sum``), per-bin loads add samples in index order as ``np.bincount`` does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from balancer.kernels.assign import lpt_assign
+from balancer.kernels.colfill import column_fill
+from balancer.kernels.common import Rules
+from balancer.kernels.exchange import exchange
+from balancer.kernels.order import order_by_length_desc
+from balancer.kernels.refine import bin_thresholds, refine
+from balancer.kernels.runs import Runs, deficit_fill, ring_lpt, spread_runs
+from balancer.kernels.tighten import tighten
+from balancer.kernels.totals import layout_scores, pairwise_sum
+
+
+@njit(cache=True, nogil=True)
+def settle_steps(lengths, costs, offsets, ranks, microbatches, token_cap, quotas, seed, rank_objective, tolerances,
+                 budgets):
+    """Step k is samples ``offsets[k] .. offsets[k + 1] - 1`` of ``lengths``/``costs`` (int64/float64 (N,)),
+    planned onto ``ranks`` x ``microbatches`` under ``token_cap`` (0: none) and, with ``quotas``, equal counts
+    per rank (each step's ``Rules``, as ``Problem.rules`` makes them).
+
+    ``rank_objective``: the time of the objective is the costliest rank total (else the lockstep time);
+    ``tolerances`` = (refine, certify, choice), ``budgets`` = (refine steps per bin, refine work per sample,
+    tighten steps per bin, fill-only samples per bin, lpt-only samples), as ``balanced`` and ``polish`` use them.
+    Returns ``settled`` bool (K,), and ``rank``, ``slot`` int64 (N,): each sample's rank and microbatch in the
+    steps settled (-1 elsewhere)."""
+    steps = offsets.shape[0] - 1
+    settled = np.zeros(steps, dtype=np.bool_)
+    rank = np.full(lengths.shape[0], -1, dtype=np.int64)
+    slot = np.full(lengths.shape[0], -1, dtype=np.int64)
+    for k in range(steps):
+        lo, hi = offsets[k], offsets[k + 1]
+        n = hi - lo
+        if n == 0:
+            continue
+        step_lengths = lengths[lo:hi].copy()
+        step_costs = costs[lo:hi].copy()
+        rules = Rules(microbatches, token_cap, quotas, n // ranks, n % ranks)
+        bins, rank_of_bin, slot_of_bin = _settle(step_lengths, step_costs, ranks, rules, seed, rank_objective,
+                                                 tolerances, budgets)
+        if bins.shape[0] == 0:
+            continue
+        settled[k] = True
+        for i in range(n):
+            rank[lo + i] = rank_of_bin[bins[i]]
+            slot[lo + i] = slot_of_bin[bins[i]]
+    return settled, rank, slot
+
+
+@njit(cache=True, nogil=True)
+def _settle(lengths, costs, ranks, rules, seed, rank_objective, tolerances, budgets):
+    """One step's first starts: (bins (n,), rank of each bin, slot of each bin) of the plan ``balanced`` returns
+    where they settle it, else empty arrays."""
+    microbatches, token_cap = rules.microbatches, rules.token_cap
+    n, n_bins = lengths.shape[0], ranks * microbatches
+    none = np.empty(0, dtype=np.int64)
+    if token_cap > 0 and (lengths.max() > token_cap or lengths.sum() > token_cap * n_bins):
+        return none, none, none  # ``plan`` names the sample or the total that breaks the cap
+    costliest = costs.max()
+    total = pairwise_sum(costs, 0, n)
+    mean = total / n_bins
+    lower_bound = max(mean, costliest)
+    time_floor = max(total / ranks, costliest)
+    if costliest > mean:
+        if time_floor <= costliest:
+            return none, none, none  # the column fill runs first
+        bins = _stack(lengths, costs, ranks, rules, seed, lower_bound, budgets, tolerances[0])
+        if bins.shape[0] == 0:
+            return none, none, none
+        rank_of_bin = np.arange(n_bins) // microbatches
+        scores = layout_scores(_loads(bins, costs, n_bins), rank_of_bin, ranks, microbatches)
+        if scores[1] <= lower_bound and _time(scores, rank_objective) <= time_floor * (1.0 + tolerances[1]):
+            return bins, rank_of_bin, scores[0]
+        return none, none, none
+    return _flat(lengths, costs, ranks, rules, seed, rank_objective, tolerances, budgets, costliest, mean,
+                 lower_bound, time_floor)
+
+
+@njit(cache=True, nogil=True)
+def _stack(lengths, costs, ranks, rules, seed, lower_bound, budgets, tolerance):
+    """The stacked start, refined and exchanged (``balanced._Starts.run("stack")``): bins (n,), or empty where the
+    fill found no plan."""
+    microbatches = rules.microbatches
+    n, n_bins = lengths.shape[0], ranks * microbatches
+    order = order_by_length_desc(lengths, seed)
+    bins, fill_levels = column_fill(order, costs, lengths, ranks, rules, lower_bound)
+    for i in range(n):
+        if bins[i] < 0:
+            return np.empty(0, dtype=np.int64)
+    # the stacked levels (``balanced._stacked_levels``): filled slots keep the peak, the others the costliest
+    # bin the fill left there where above their level; then raised above zero (``polish.positive_levels``)
+    grid = _loads(bins, costs, n_bins).reshape(ranks, microbatches)
+    levels = np.empty(microbatches)
+    for j in range(microbatches):
+        levels[j] = fill_levels[j] if fill_levels[j] >= lower_bound else max(fill_levels[j], grid[:, j].max())
+    least = levels[0] * 1e-9 if levels[0] > 0 else 1.0
+    for j in range(microbatches):
+        levels[j] = max(levels[j], least)
+    threshold = bin_thresholds(levels[np.arange(n_bins) % microbatches], tolerance, lower_bound)
+    work = budgets[1] * max(n, n_bins)
+    refine(bins, costs, lengths, threshold, rules, budgets[0] * n_bins, work)
+    exchange(bins, costs, lengths, threshold, rules, work)
+    return bins
+
+
+@njit(cache=True, nogil=True)
+def _flat(lengths, costs, ranks, rules, seed, rank_objective, tolerances, budgets, costliest, mean, lower_bound,
+          time_floor):
+    """The flat starts of a step whose samples all cost at most a mean bin (``balanced._Starts.schedule``'s
+    second branch): the plan ``balanced`` returns where they settle the step, else empty arrays."""
+    microbatches, token_cap = rules.microbatches, rules.token_cap
+    n, n_bins = lengths.shape[0], ranks * microbatches
+    none = np.empty(0, dtype=np.int64)
+    if n < budgets[3] * n_bins or (rules.quotas and n < budgets[4]):
+        return none, none, none  # the column starts run unless a flat one certifies: all of them in ``balanced``
+    runs = _runs(lengths, costs)
+    threshold = bin_thresholds(np.full(n_bins, lower_bound), tolerances[0], costliest)
+    time_bound = time_floor * (1.0 + tolerances[1])
+    has_fill = False
+    fill_bins, fill_ranks, fill_slots = none, none, none
+    fill_scores = (0.0, 0.0, 0.0, 0.0)
+    if token_cap <= 0 and not rules.quotas and n < budgets[4]:
+        placed = deficit_fill(runs, n_bins, mean)
+        fill_bins = spread_runs(lengths, runs, placed, seed)
+        if fill_bins.min() >= 0:
+            has_fill = True
+            fill_ranks, fill_slots, fill_scores = _polished_flat(fill_bins, lengths, costs, ranks, rules, threshold,
+                                                                 lower_bound, budgets)
+            if fill_scores[0] <= lower_bound and _time4(fill_scores, rank_objective) <= time_bound:
+                return fill_bins, fill_ranks, fill_slots
+    placed = ring_lpt(runs, n_bins, rules)
+    if placed.shape[0] and placed[-1] < 0:
+        return none, none, none  # the lpt start fails: ``balanced`` goes on to the column starts
+    lpt_bins = spread_runs(lengths, runs, placed, seed)
+    ceiling = _loads(lpt_bins, costs, n_bins).max()
+    lpt_ranks, lpt_slots, lpt_scores = _polished_flat(lpt_bins, lengths, costs, ranks, rules, threshold, lower_bound,
+                                                      budgets)
+    # certified or not, no start runs after lpt here: the better of the two
+    if has_fill and _better(fill_scores, 0, lpt_scores, 1, ceiling, tolerances[2], rank_objective):
+        return fill_bins, fill_ranks, fill_slots
+    return lpt_bins, lpt_ranks, lpt_slots
+
+
+@njit(cache=True, nogil=True)
+def _polished_flat(bins, lengths, costs, ranks, rules, threshold, level, budgets):
+    """A flat start polished in place (``polish.polish`` with one level: refine, exchange, tighten) and laid out
+    (``polish.lay_out``): rank and slot of each bin, and (peak, bubble, lockstep, costliest rank)."""
+    microbatches = rules.microbatches
+    n, n_bins = lengths.shape[0], ranks * microbatches
+    work = budgets[1] * max(n, n_bins)
+    refine(bins, costs, lengths, threshold, rules, budgets[0] * n_bins, work)
+    exchange(bins, costs, lengths, threshold, rules, work)
+    tighten(bins, costs, lengths, n_bins, rules, level, budgets[2] * n_bins)
+    loads = _loads(bins, costs, n_bins)
+    if rules.quotas:
+        rank_of_bin = np.arange(n_bins) // microbatches
+    else:  # ``polish._group_bins_into_ranks``: heaviest bins first onto the lightest rank with < M bins
+        order = np.argsort(-loads, kind="mergesort")
+        quota = Rules(1, 0, True, microbatches, 0)
+        rank_of_bin = lpt_assign(order, loads, np.ones(n_bins, dtype=np.int64), np.zeros(ranks, dtype=np.int64),
+                                 np.ones(1), quota)
+    slot_of_bin, peak, bubble, lockstep, rank_max = layout_scores(loads, rank_of_bin, ranks, microbatches)
+    return rank_of_bin, slot_of_bin, (peak, bubble, lockstep, rank_max)
+
+
+@njit(cache=True, nogil=True)
+def _better(a, index_a, b, index_b, ceiling, tolerance, rank_objective):
+    """Whether candidate ``a`` (scores (peak, bubble, lockstep, rank_max)) wins ``balanced._choose`` against ``b``."""
+    best_peak = min(a[0], b[0])
+    bar = min(best_peak * (1.0 + tolerance), max(ceiling, best_peak))
+    if a[0] > bar:
+        return False
+    if b[0] > bar:
+        return True
+    key_a = (_time4(a, rank_objective), a[1], a[0], index_a)
+    key_b = (_time4(b, rank_objective), b[1], b[0], index_b)
+    return key_a < key_b
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _time(scores, rank_objective):
+    """The time of the objective from ``layout_scores``' result."""
+    return scores[4] if rank_objective else scores[3]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _time4(scores, rank_objective):
+    """The time of the objective from (peak, bubble, lockstep, rank_max)."""
+    return scores[3] if rank_objective else scores[2]
+
+
+@njit(cache=True, nogil=True)
+def _runs(lengths, costs):
+    """``Problem.runs``: distinct lengths, longest first, their counts and the cost of one (the samples' own)."""
+    longest = lengths.max()
+    count = np.zeros(longest + 1, dtype=np.int64)
+    cost_of = np.zeros(longest + 1)
+    for i in range(lengths.shape[0]):
+        count[lengths[i]] += 1
+        cost_of[lengths[i]] = costs[i]
+    k = 0
+    for length in range(longest + 1):
+        k += count[length] > 0
+    run_len = np.empty(k, dtype=np.int64)
+    run_count = np.empty(k, dtype=np.int64)
+    run_cost = np.empty(k)
+    r = 0
+    for length in range(longest, -1, -1):
+        if count[length]:
+            run_len[r], run_count[r], run_cost[r] = length, count[length], cost_of[length]
+            r += 1
+    return Runs(run_len, run_count, run_cost)
+
+
+@njit(cache=True, nogil=True)
+def _loads(bins, costs, n_bins):
+    """Cost per bin, float64 (n_bins,), samples added in index order (``np.bincount``'s sums)."""
+    loads = np.zeros(n_bins)
+    for i in range(bins.shape[0]):
+        loads[bins[i]] += costs[i]
+    return loads
