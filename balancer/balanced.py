@@ -56,8 +56,8 @@ import numpy as np
 
 from balancer.kernels.assign import lpt_assign, pack_within_ranks
 from balancer.kernels.colfill import column_fill
-from balancer.kernels.settle import settle_steps
 from balancer.kernels.runs import deficit_fill, spread_runs
+from balancer.kernels.settle import settle_steps
 from balancer.lpt import flat_lpt_bins
 from balancer.polish import (REFINE_STEPS_PER_BIN, REFINE_TOLERANCE, REFINE_WORK_PER_SAMPLE, TIGHTEN_STEPS_PER_BIN,
                              Candidate, lay_out, level_slot, polish, positive_levels)

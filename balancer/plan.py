@@ -90,18 +90,12 @@ def plan(
     (1 where the plan is the non-local one: the local plan lost the rule, or there was none).
     """
     entry = get_planner(method)
-    ranks = positive_int("ranks", ranks)
-    microbatches = positive_int("microbatches", microbatches)
+    ranks, microbatches, cost_model, max_tokens, seed, objective = _settings(ranks, microbatches, cost_model,
+                                                                             max_tokens, seed, objective)
     lengths = validate_lengths(lengths)
-    cost_model = cost_model or DEFAULT_COST_MODEL
-    if not isinstance(cost_model, CostModel):
-        raise ValueError(f"cost_model must be a balancer.CostModel, got {type(cost_model).__name__}")
     if max_tokens is not None:
-        max_tokens = positive_int("max_tokens", max_tokens)
         _check_token_cap(lengths, max_tokens, ranks * microbatches)
-    seed = _seed(seed)
     layout = validate_layout(home, rank_node, lengths.size, ranks)
-    objective = _objective(objective)
     costs = cost_model.cost(lengths)
     problem = Problem(lengths, costs, ranks, microbatches, max_tokens, bool(equal_count), seed, cost_model, objective)
 
@@ -150,14 +144,8 @@ def plan_steps(
     planning where it had any.
     """
     entry = get_planner(method)
-    ranks = positive_int("ranks", ranks)
-    microbatches = positive_int("microbatches", microbatches)
-    cost_model = cost_model or DEFAULT_COST_MODEL
-    if not isinstance(cost_model, CostModel):
-        raise ValueError(f"cost_model must be a balancer.CostModel, got {type(cost_model).__name__}")
-    if max_tokens is not None:
-        max_tokens = positive_int("max_tokens", max_tokens)
-    seed, objective = _seed(seed), _objective(objective)
+    ranks, microbatches, cost_model, max_tokens, seed, objective = _settings(ranks, microbatches, cost_model,
+                                                                             max_tokens, seed, objective)
     lengths, sizes = np.asarray(lengths), np.asarray(sizes)
     if (sizes.ndim != 1 or not np.issubdtype(sizes.dtype, np.integer) or (sizes < 0).any()
             or lengths.ndim != 1 or sizes.sum() != lengths.size):
@@ -224,10 +212,19 @@ def _objective(value) -> Objective:
                          f"got {value!r}") from None
 
 
-def _seed(seed) -> int:
+def _settings(ranks, microbatches, cost_model, max_tokens, seed, objective) -> tuple:
+    """``plan``'s and ``plan_steps``' settings checked (a ValueError names the bad one) and normalised: (ranks,
+    microbatches, cost model (the default for None), max_tokens, seed, ``Objective``)."""
+    ranks = positive_int("ranks", ranks)
+    microbatches = positive_int("microbatches", microbatches)
+    cost_model = cost_model or DEFAULT_COST_MODEL
+    if not isinstance(cost_model, CostModel):
+        raise ValueError(f"cost_model must be a balancer.CostModel, got {type(cost_model).__name__}")
+    if max_tokens is not None:
+        max_tokens = positive_int("max_tokens", max_tokens)
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
-    return int(seed)
+    return ranks, microbatches, cost_model, max_tokens, int(seed), _objective(objective)
 
 
 def positive_int(name: str, value) -> int:

@@ -95,9 +95,11 @@ def _settle(lengths, costs, ranks, rules, seed, rank_objective, tolerances, budg
         if bins.shape[0] == 0:
             return none, none, none
         rank_of_bin = np.arange(n_bins) // microbatches
-        scores = layout_scores(_loads(bins, costs, n_bins), rank_of_bin, ranks, microbatches)
-        if scores[1] <= lower_bound and _time(scores, rank_objective) <= time_floor * (1.0 + tolerances[1]):
-            return bins, rank_of_bin, scores[0]
+        slot_of_bin, peak, bubble, lockstep, rank_max = layout_scores(_loads(bins, costs, n_bins), rank_of_bin, ranks,
+                                                                      microbatches)
+        if peak <= lower_bound and _time((peak, bubble, lockstep, rank_max), rank_objective) <= time_floor * (
+                1.0 + tolerances[1]):
+            return bins, rank_of_bin, slot_of_bin
         return none, none, none
     return _flat(lengths, costs, ranks, rules, seed, rank_objective, tolerances, budgets, costliest, mean,
                  lower_bound, time_floor)
@@ -153,7 +155,7 @@ def _flat(lengths, costs, ranks, rules, seed, rank_objective, tolerances, budget
             has_fill = True
             fill_ranks, fill_slots, fill_scores = _polished_flat(fill_bins, lengths, costs, ranks, rules, threshold,
                                                                  lower_bound, budgets)
-            if fill_scores[0] <= lower_bound and _time4(fill_scores, rank_objective) <= time_bound:
+            if fill_scores[0] <= lower_bound and _time(fill_scores, rank_objective) <= time_bound:
                 return fill_bins, fill_ranks, fill_slots
     placed = ring_lpt(runs, n_bins, rules)
     if placed.shape[0] and placed[-1] < 0:
@@ -199,19 +201,13 @@ def _better(a, index_a, b, index_b, ceiling, tolerance, rank_objective):
         return False
     if b[0] > bar:
         return True
-    key_a = (_time4(a, rank_objective), a[1], a[0], index_a)
-    key_b = (_time4(b, rank_objective), b[1], b[0], index_b)
+    key_a = (_time(a, rank_objective), a[1], a[0], index_a)
+    key_b = (_time(b, rank_objective), b[1], b[0], index_b)
     return key_a < key_b
 
 
 @njit(cache=True, nogil=True, inline="always")
 def _time(scores, rank_objective):
-    """The time of the objective from ``layout_scores``' result."""
-    return scores[4] if rank_objective else scores[3]
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _time4(scores, rank_objective):
     """The time of the objective from (peak, bubble, lockstep, rank_max)."""
     return scores[3] if rank_objective else scores[2]
 
