@@ -175,7 +175,7 @@ class _Starts:
             columns, levels = self.columns, self.levels
             bins = _zigzag_start(p, self.order)
         elif name == "column_fill":
-            bins, fill_levels = column_fill(self.order, p.costs, p.lengths, p.ranks, p.rules)
+            bins, fill_levels = column_fill(self.order, p.costs, p.lengths, p.ranks, p.rules, 0.0)
             columns, levels = self.columns, positive_levels(fill_levels)
         else:  # the column fill stacked up to the lower bound, or to the lowest peak the other starts reached
             peak = self.lower_bound if name == "stack" else self.best_peak
