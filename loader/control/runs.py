@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from loader.stages.assemble import RankMessage
+from loader.stages.pipeline import kernels_warm
 from loader.control.protocol import End, Failed, Where
 from loader.stages.stats import Stats
 
@@ -104,8 +105,14 @@ class Run:
             parts.append(f"the next waits for rank {self.blocked_on} to take one of its {self.prefetch} queued messages")
         if never:
             parts.append(f"rank(s) {never} have not started iterating")
-        parts.append(
-            "every rank must be iterated at the same time (a process or thread per rank), "
-            "or use iter_steps() to take all ranks in one loop"
-        )
+        if not kernels_warm():
+            parts.append(
+                "the planner's kernels are still being compiled: numba compiles them once per machine and "
+                "version (about a minute; NUMBA_CACHE_DIR keeps them for later runs)"
+            )
+        if never or kernels_warm():
+            parts.append(
+                "every rank must be iterated at the same time (a process or thread per rank), "
+                "or use iter_steps() to take all ranks in one loop"
+            )
         return "; ".join(parts)

@@ -35,6 +35,7 @@ cuts that window again, composes it again, identically, and skips the steps alre
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -351,17 +352,29 @@ def _unplannable(batch: Batch, exc: Exception) -> ValueError:
     return ValueError(f"step {batch.step}: cannot plan its {len(batch.lengths)} samples: {exc}")
 
 
+_WARM = threading.Event()  # set once a warm_up in this process has ended
+
+
 def warm_up(config: LoaderConfig) -> None:
     """Plan two tiny batches as the run plans its windows (:meth:`BatchSpec.plan_steps`) so the planner's kernels
     are compiled (or loaded from numba's cache) before the first timed step: one of equal lengths, one with a long
     sample."""
     bins = config.ranks * config.microbatches
-    for lengths in (np.ones(bins, dtype=np.int64), np.r_[4, np.ones(4 * bins, dtype=np.int64)]):
-        fits = config.max_tokens is None or (
-            lengths.max() <= config.max_tokens and lengths.sum() <= config.max_tokens * bins
-        )
-        if fits:
-            config.plan_steps([lengths])
+    try:
+        for lengths in (np.ones(bins, dtype=np.int64), np.r_[4, np.ones(4 * bins, dtype=np.int64)]):
+            fits = config.max_tokens is None or (
+                lengths.max() <= config.max_tokens and lengths.sum() <= config.max_tokens * bins
+            )
+            if fits:
+                config.plan_steps([lengths])
+    finally:
+        _WARM.set()
+
+
+def kernels_warm() -> bool:
+    """Whether this process's planner kernels are compiled or loaded (a :func:`warm_up` has ended here); until
+    then a run's first steps wait on numba's compiler, about a minute on a machine whose cache lacks them."""
+    return _WARM.is_set()
 
 
 def units_in(arrays: Iterable[np.ndarray], n_units: int) -> np.ndarray:

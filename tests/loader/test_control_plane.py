@@ -95,3 +95,29 @@ def test_inline_ranks_iterated_together_share_one_pass_and_a_rank_alone_is_not_h
         alone = [record(mb) for mb in loader.iter_rank(1)]  # one process per rank: rank 0 is never iterated
         assert sorted(reads) == list(range(8))
     assert alone == [mb for step in steps for mb in step[1]]
+
+
+def test_a_wait_while_the_planner_compiles_says_so_instead_of_blaming_the_ranks(monkeypatch):
+    from loader.control import runs
+    from loader.stages.stats import Stats
+
+    run = runs.Run(0, runs.RunKey(0), 2, 1, Stats(2, []), here=False, retire=lambda run: None)
+    run.joined = {0, 1}
+    monkeypatch.setattr(runs, "kernels_warm", lambda: False)
+    text = run.describe()
+    assert "kernels are still being compiled" in text and "every rank must be iterated" not in text
+    run.joined = {0}  # a rank that never started is still named, and the advice given
+    assert "rank(s) [1] have not started iterating" in run.describe() and "every rank must" in run.describe()
+    monkeypatch.setattr(runs, "kernels_warm", lambda: True)
+    run.joined = {0, 1}
+    assert "compiled" not in run.describe() and "every rank must be iterated" in run.describe()
+
+
+def test_warm_up_marks_the_kernels_warm_in_its_process():
+    import subprocess
+    import sys
+
+    code = ("from loader.config import LoaderConfig; from loader.stages.pipeline import kernels_warm, warm_up; "
+            "assert not kernels_warm(); warm_up(LoaderConfig.of(dict(ranks=2, microbatches=2, samples_per_step=8))); "
+            "assert kernels_warm()")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=240)
