@@ -35,6 +35,8 @@ cuts that window again, composes it again, identically, and skips the steps alre
 
 from __future__ import annotations
 
+import logging
+import os
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -353,13 +355,22 @@ def _unplannable(batch: Batch, exc: Exception) -> ValueError:
 
 
 _WARM = threading.Event()  # set once a warm_up in this process has ended
+_LOG = logging.getLogger(__name__)
+COMPILE_NOTICE_S = 5.0  # a warm_up still running after this long is compiling: say so
 
 
 def warm_up(config: LoaderConfig) -> None:
     """Plan two tiny batches as the run plans its windows (:meth:`BatchSpec.plan_steps`) so the planner's kernels
     are compiled (or loaded from numba's cache) before the first timed step: one of equal lengths, one with a long
-    sample."""
+    sample. Loaded, that takes well under a second; still running after ``COMPILE_NOTICE_S`` it is compiling, and
+    a warning is logged (a silent minute would look like a hang)."""
     bins = config.ranks * config.microbatches
+    notice = threading.Timer(COMPILE_NOTICE_S, _LOG.warning, args=(
+        "compiling the planner's numba kernels: once per machine and FreeScale version, about a minute; "
+        "the cache is NUMBA_CACHE_DIR (%s)", os.environ.get("NUMBA_CACHE_DIR", "unset: __pycache__ beside the sources"),
+    ))
+    notice.daemon = True
+    notice.start()
     try:
         for lengths in (np.ones(bins, dtype=np.int64), np.r_[4, np.ones(4 * bins, dtype=np.int64)]):
             fits = config.max_tokens is None or (
@@ -368,6 +379,7 @@ def warm_up(config: LoaderConfig) -> None:
             if fits:
                 config.plan_steps([lengths])
     finally:
+        notice.cancel()
         _WARM.set()
 
 

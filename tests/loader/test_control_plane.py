@@ -121,3 +121,20 @@ def test_warm_up_marks_the_kernels_warm_in_its_process():
             "assert not kernels_warm(); warm_up(LoaderConfig.of(dict(ranks=2, microbatches=2, samples_per_step=8))); "
             "assert kernels_warm()")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=240)
+
+
+def test_a_warm_up_that_compiles_says_so_once_and_a_warm_one_says_nothing(monkeypatch, caplog):
+    from loader.config import LoaderConfig
+    from loader.stages import pipeline
+
+    config = LoaderConfig.of(dict(ranks=2, microbatches=2, samples_per_step=8))
+    pipeline.warm_up(config)  # compiled or loaded now
+    with caplog.at_level("WARNING", logger="loader.stages.pipeline"):
+        pipeline.warm_up(config)
+        assert not caplog.records  # loaded: well under COMPILE_NOTICE_S
+        monkeypatch.setattr(pipeline, "COMPILE_NOTICE_S", 0.05)
+        plan_steps = LoaderConfig.plan_steps
+        monkeypatch.setattr(LoaderConfig, "plan_steps", lambda self, steps: (time.sleep(0.3), plan_steps(self, steps)))
+        pipeline.warm_up(config)  # as slow as a compile
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == ["compiling the planner's numba kernels"]
+    assert "NUMBA_CACHE_DIR" in caplog.records[0].getMessage()
