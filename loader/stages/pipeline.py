@@ -36,13 +36,13 @@ cuts that window again, composes it again, identically, and skips the steps alre
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import numba
 import numpy as np
 
 from balancer import Plan, StepError
@@ -367,7 +367,7 @@ def warm_up(config: LoaderConfig) -> None:
     bins = config.ranks * config.microbatches
     notice = threading.Timer(COMPILE_NOTICE_S, _LOG.warning, args=(
         "compiling the planner's numba kernels: once per machine and FreeScale version, about a minute; "
-        "the cache is NUMBA_CACHE_DIR (%s)", os.environ.get("NUMBA_CACHE_DIR", "unset: __pycache__ beside the sources"),
+        "the cache is NUMBA_CACHE_DIR (%s)", numba.config.CACHE_DIR or "unset: __pycache__ beside the sources",
     ))
     notice.daemon = True
     notice.start()
