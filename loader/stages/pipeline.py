@@ -360,10 +360,11 @@ COMPILE_NOTICE_S = 5.0  # a warm_up still running after this long is compiling: 
 
 
 def warm_up(config: LoaderConfig) -> None:
-    """Plan two tiny batches as the run plans its windows (:meth:`BatchSpec.plan_steps`) so the planner's kernels
-    are compiled (or loaded from numba's cache) before the first timed step: one of equal lengths, one with a long
-    sample. Loaded, that takes well under a second; still running after ``COMPILE_NOTICE_S`` it is compiling, and
-    a warning is logged (a silent minute would look like a hang)."""
+    """Plan two tiny batches as the run plans its windows (:meth:`BatchSpec.plan_steps`), and compose them as one
+    window (:meth:`BatchSpec.composition`), so the planner's kernels are compiled (or loaded from numba's cache)
+    before the first timed step: one of equal lengths, one with a long sample. Loaded, that takes well under a
+    second; still running after ``COMPILE_NOTICE_S`` it is compiling, and a warning is logged (a silent minute
+    would look like a hang)."""
     bins = config.ranks * config.microbatches
     notice = threading.Timer(COMPILE_NOTICE_S, _LOG.warning, args=(
         "compiling the planner's numba kernels: once per machine and FreeScale version, about a minute; "
@@ -372,12 +373,13 @@ def warm_up(config: LoaderConfig) -> None:
     notice.daemon = True
     notice.start()
     try:
-        for lengths in (np.ones(bins, dtype=np.int64), np.r_[4, np.ones(4 * bins, dtype=np.int64)]):
-            fits = config.max_tokens is None or (
-                lengths.max() <= config.max_tokens and lengths.sum() <= config.max_tokens * bins
-            )
-            if fits:
-                config.plan_steps([lengths])
+        batches = [lengths for lengths in (np.ones(bins, dtype=np.int64), np.r_[4, np.ones(4 * bins, dtype=np.int64)])
+                   if config.max_tokens is None
+                   or (lengths.max() <= config.max_tokens and lengths.sum() <= config.max_tokens * bins)]
+        for lengths in batches:
+            config.plan_steps([lengths])
+        if config.compose_window > 1 and len(batches) > 1:  # a window of the two, composed as a run composes
+            config.composition(np.concatenate(batches), np.array([len(b) for b in batches], dtype=np.int64))
     finally:
         notice.cancel()
         _WARM.set()

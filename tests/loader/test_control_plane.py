@@ -138,3 +138,17 @@ def test_a_warm_up_that_compiles_says_so_once_and_a_warm_one_says_nothing(monkey
         pipeline.warm_up(config)  # as slow as a compile
     assert [r.getMessage().split(":")[0] for r in caplog.records] == ["compiling the planner's numba kernels"]
     assert "NUMBA_CACHE_DIR" in caplog.records[0].getMessage()
+
+
+@pytest.mark.parametrize("window", [1, 16])
+def test_warm_up_composes_a_window_where_the_run_composes(monkeypatch, window):
+    from loader.config import LoaderConfig
+    from loader.stages import pipeline
+
+    config = LoaderConfig.of(dict(ranks=2, microbatches=2, samples_per_step=8, compose_window=window))
+    windows = []
+    composition = LoaderConfig.composition
+    monkeypatch.setattr(LoaderConfig, "composition",
+                        lambda self, lengths, sizes: (windows.append(sizes.tolist()), composition(self, lengths, sizes))[1])
+    pipeline.warm_up(config)
+    assert windows == ([] if window == 1 else [[4, 17]])  # the two planned batches, one window
