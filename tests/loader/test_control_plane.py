@@ -2,6 +2,8 @@
 with readers on threads of this process (loader.backends.inline.ThreadReaders), so queues, backpressure and one pass
 per epoch for every rank hold on both."""
 
+import subprocess
+import sys
 import threading
 import time
 
@@ -9,6 +11,10 @@ import pytest
 
 from loader import SequenceLoader
 from loader.backends import inline as inline_backend
+from loader.config import LoaderConfig
+from loader.control import runs
+from loader.stages import pipeline
+from loader.stages.stats import Stats
 
 from .helpers import backend_options, by_threads, collect, histories, record, source_histories, synth
 
@@ -98,9 +104,6 @@ def test_inline_ranks_iterated_together_share_one_pass_and_a_rank_alone_is_not_h
 
 
 def test_a_wait_while_the_planner_compiles_says_so_instead_of_blaming_the_ranks(monkeypatch):
-    from loader.control import runs
-    from loader.stages.stats import Stats
-
     run = runs.Run(0, runs.RunKey(0), 2, 1, Stats(2, []), here=False, retire=lambda run: None)
     run.joined = {0, 1}
     monkeypatch.setattr(runs, "kernels_warm", lambda: False)
@@ -114,9 +117,6 @@ def test_a_wait_while_the_planner_compiles_says_so_instead_of_blaming_the_ranks(
 
 
 def test_warm_up_marks_the_kernels_warm_in_its_process():
-    import subprocess
-    import sys
-
     code = ("from loader.config import LoaderConfig; from loader.stages.pipeline import kernels_warm, warm_up; "
             "assert not kernels_warm(); warm_up(LoaderConfig.of(dict(ranks=2, microbatches=2, samples_per_step=8))); "
             "assert kernels_warm()")
@@ -124,11 +124,9 @@ def test_warm_up_marks_the_kernels_warm_in_its_process():
 
 
 def test_a_warm_up_that_compiles_says_so_once_and_a_warm_one_says_nothing(monkeypatch, caplog):
-    from loader.config import LoaderConfig
-    from loader.stages import pipeline
-
     config = LoaderConfig.of(dict(ranks=2, microbatches=2, samples_per_step=8))
-    pipeline.warm_up(config)  # compiled or loaded now
+    pipeline.warm_up(config)  # compiled (its notice logged, on a cold cache) or loaded now
+    caplog.clear()
     with caplog.at_level("WARNING", logger="loader.stages.pipeline"):
         pipeline.warm_up(config)
         assert not caplog.records  # loaded: well under COMPILE_NOTICE_S
@@ -142,9 +140,6 @@ def test_a_warm_up_that_compiles_says_so_once_and_a_warm_one_says_nothing(monkey
 
 @pytest.mark.parametrize("window", [1, 16])
 def test_warm_up_composes_a_window_where_the_run_composes(monkeypatch, window):
-    from loader.config import LoaderConfig
-    from loader.stages import pipeline
-
     config = LoaderConfig.of(dict(ranks=2, microbatches=2, samples_per_step=8, compose_window=window))
     windows = []
     composition = LoaderConfig.composition
