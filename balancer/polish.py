@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from balancer.kernels.assign import lpt_assign
+from balancer.kernels.assign import group_bins_into_ranks
 from balancer.kernels.common import Rules
 from balancer.kernels.exchange import exchange
 from balancer.kernels.refine import bin_thresholds, refine
@@ -97,15 +97,8 @@ def lay_out(problem: Problem, cand: Candidate) -> None:
     loads = np.bincount(cand.bins, weights=problem.costs, minlength=n_bins)  # (R*M,)
     rank_of_bin = np.arange(n_bins) // M
     if cand.flat and not problem.equal_count:
-        rank_of_bin = _group_bins_into_ranks(loads, R, M)
+        rank_of_bin = group_bins_into_ranks(loads, R, M)
     cand.slot_of_bin, cand.peak, cand.bubble, cand.lockstep, cand.rank_max = layout_scores(loads, rank_of_bin, R, M)
     cand.rank_of_bin = rank_of_bin
 
 
-def _group_bins_into_ranks(loads: np.ndarray, ranks: int, microbatches: int) -> np.ndarray:
-    """Rank of each bin, int64 (R*M,): heaviest bins first onto the lightest rank with < M bins."""
-    order = np.lexsort((np.arange(loads.shape[0]), -loads))
-    ones = np.ones(loads.shape[0], dtype=np.int64)
-    # LPT with ranks as the bins (one column, level 1) and a quota of exactly M bins per rank
-    rules = Rules(1, 0, True, microbatches, 0)
-    return lpt_assign(order, loads, ones, np.zeros(ranks, dtype=np.int64), np.ones(1), rules)

@@ -13,7 +13,7 @@ import heapq
 import numpy as np
 from numba import njit
 
-from balancer.kernels.common import room
+from balancer.kernels.common import Rules, room
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -162,6 +162,23 @@ def lpt_assign_ref(order, costs, lengths, column_of_bin, levels, rules):
         for b in [b for b in candidate if b >= 0] + stash:
             heapq.heappush(heaps[column_of_bin[b]], (loads[b], b))
     return bins
+
+
+@njit(cache=True, nogil=True)
+def group_bins_into_ranks(loads, ranks, microbatches):
+    """Rank of each of a flat plan's bins, int64 (R*M,): heaviest bins first (ties: lower bin) onto the lightest
+    rank with < M bins (``lpt_assign`` with ranks as the bins, one column at level 1, a quota of M bins each)."""
+    n_bins = loads.shape[0]
+    order = np.argsort(-loads, kind="mergesort")
+    return lpt_assign(order, loads, np.ones(n_bins, dtype=np.int64), np.zeros(ranks, dtype=np.int64), np.ones(1),
+                      Rules(1, 0, True, microbatches, 0))
+
+
+def group_bins_into_ranks_ref(loads, ranks, microbatches):
+    """Plain twin of ``group_bins_into_ranks``."""
+    order = np.lexsort((np.arange(len(loads)), -np.asarray(loads)))
+    return lpt_assign_ref(order, loads, np.ones(len(loads), dtype=np.int64), np.zeros(ranks, dtype=np.int64),
+                          np.ones(1), (1, 0, True, microbatches, 0))
 
 
 @njit(cache=True, nogil=True)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from balancer.kernels.assign import lpt_assign
+from balancer.kernels.assign import group_bins_into_ranks
 from balancer.kernels.colfill import column_fill
 from balancer.kernels.common import Rules
 from balancer.kernels.exchange import exchange
@@ -187,11 +187,8 @@ def _polished_flat(bins, lengths, costs, ranks, rules, threshold, level, budgets
     loads = _loads(bins, costs, n_bins)
     if rules.quotas:
         rank_of_bin = np.arange(n_bins) // microbatches
-    else:  # ``polish._group_bins_into_ranks``: heaviest bins first onto the lightest rank with < M bins
-        order = np.argsort(-loads, kind="mergesort")
-        quota = Rules(1, 0, True, microbatches, 0)
-        rank_of_bin = lpt_assign(order, loads, np.ones(n_bins, dtype=np.int64), np.zeros(ranks, dtype=np.int64),
-                                 np.ones(1), quota)
+    else:  # as ``polish.lay_out`` regroups a flat plan
+        rank_of_bin = group_bins_into_ranks(loads, ranks, microbatches)
     slot_of_bin, peak, bubble, lockstep, rank_max = layout_scores(loads, rank_of_bin, ranks, microbatches)
     return rank_of_bin, slot_of_bin, (peak, bubble, lockstep, rank_max)
 

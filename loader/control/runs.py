@@ -105,12 +105,13 @@ class Run:
             parts.append(f"the next waits for rank {self.blocked_on} to take one of its {self.prefetch} queued messages")
         if never:
             parts.append(f"rank(s) {never} have not started iterating")
-        if not kernels_warm():
+        warm = kernels_warm()  # read once: it may turn while this runs
+        if not warm:
             parts.append(
                 "the planner's kernels are still being compiled: numba compiles them once per machine and "
                 "version (about a minute; NUMBA_CACHE_DIR keeps them for later runs)"
             )
-        if never or kernels_warm():
+        if never or warm:
             parts.append(
                 "every rank must be iterated at the same time (a process or thread per rank), "
                 "or use iter_steps() to take all ranks in one loop"

@@ -401,3 +401,14 @@ def test_numba_code_lives_in_kernels_and_no_module_imports_private_names():
                 top = module.split(".")[0]
                 assert top != "numba" or path.parent == root / "kernels", f"{path}: numba outside balancer/kernels"
                 assert top != "balancer" or not (name or "").startswith("_"), f"{path}: imports {module}.{name}"
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 9), st.integers(1, 6), st.data())
+def test_group_bins_into_ranks_matches_reference_and_gives_every_rank_m_bins(ranks, microbatches, data):
+    n_bins = ranks * microbatches
+    loads = np.array(data.draw(st.lists(st.sampled_from([0.0, 1.0, 2.5, 3.0, 7.25]), min_size=n_bins,
+                                        max_size=n_bins)))  # ties on purpose: the lower bin goes first
+    got = A.group_bins_into_ranks(loads, ranks, microbatches)
+    np.testing.assert_array_equal(got, A.group_bins_into_ranks_ref(loads, ranks, microbatches))
+    assert np.bincount(got, minlength=ranks).tolist() == [microbatches] * ranks
