@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 from tests.bench import load, refused
@@ -37,9 +39,6 @@ def test_quick_defaults():
 
 @pytest.mark.parametrize("events", [2, 3])
 def test_plain_dataset_is_what_pyarrow_wrote(tmp_path, events):
-    import numpy as np
-    import pyarrow.parquet as pq
-
     tokens = bench_ingest.write_plain(tmp_path, rows=1001, median=15, group=100, events=events, seed=3)
     files = sorted(tmp_path.glob("part-*.parquet"))
     assert len(files) == bench_ingest.FILES
@@ -61,7 +60,7 @@ def test_end_to_end_tiny(tmp_path):
     out = tmp_path / "bench.json"
     env = {**os.environ, "NUMBA_CACHE_DIR": os.environ.get("NUMBA_CACHE_DIR", "/tmp/numba-cache"),
            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-    contenders = ["floor", "spdl", "raysplit", "ours", "ours_s3", "named2", "split2"]
+    contenders = ["floor", "spdl", "spdl_shuffle", "raysplit", "ours", "ours_s3", "named2", "split2"]
     # 2001 rows, so raysplit's and split2's equal splits over 2 drop exactly one
     proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--short-rows", "2001", "--datasets", "short",
                            "--contenders", ",".join(contenders), "--ranks", "2", "--microbatches", "2",
@@ -98,7 +97,27 @@ def test_end_to_end_tiny(tmp_path):
         assert entry[key]["value"] >= least and entry[key]["verdict"] in ("PASS", "FAIL"), key
     assert "named8_vs_spdl_rows_per_s" not in entry and "ours_vs_floor_mem_rise" not in entry  # not run / not mem
     assert entry["spdl_vs_floor_rows_per_s"] > 0
+    if got["spdl"]["cpu_s"] and got["spdl_shuffle"]["cpu_s"]:  # (tiny passes can take no CPU tick)
+        assert entry["spdl_shuffle_vs_spdl_cpu_per_row"] == pytest.approx(
+            got["spdl_shuffle"]["cpu_s_per_row"] / got["spdl"]["cpu_s_per_row"])
     assert isinstance(result["targets"]["all_targets_pass"], bool)
+
+
+def test_shuffled_batches_hold_every_row_once_with_its_own_events(tmp_path):
+    """The ``spdl_shuffle`` contender's batches: the permutation's rows, each with its own events, contiguous."""
+    bench_ingest.write_plain(tmp_path, rows=1001, median=15, group=1001, events=3, seed=4)
+    table = pq.read_table(sorted(tmp_path.glob("part-*.parquet"))[0])
+    lists = ["item_ids", "timestamps", "ratings"]
+    rows = np.random.default_rng(0).permutation(table.num_rows)
+    batches = list(bench_ingest.shuffled_batches(table, rows, 64, lists))
+    assert [len(b["user_ids"]) for b in batches] == [64] * (len(rows) // 64) + [len(rows) % 64]
+    users = table.column("user_id").to_numpy()
+    np.testing.assert_array_equal(np.concatenate([b["user_ids"].numpy() for b in batches]), users[rows])
+    for name in lists:
+        want = table.column(name).to_pylist()
+        got = [b[name][a:z].tolist() for b in batches
+               for a, z in zip(b[name + "_offsets"][:-1].tolist(), b[name + "_offsets"][1:].tolist())]
+        assert got == [pytest.approx(want[r]) for r in rows.tolist()], name
 
 
 def test_mem_contenders_run_in_fresh_processes(tmp_path, monkeypatch):
