@@ -49,7 +49,9 @@ each batch into the same jagged torch tensors (user ids, and per list column val
 5. ``ours_dl``: the same loader, each rank through PyTorch's ``DataLoader(loader.torch.RankDataset(loader, rank=r),
    batch_size=None)`` (issue 18: what a trainer using a DataLoader pays over ``iter_rank``).
    ``ours_inline``: the same loader with ``backend="inline"`` (the same control plane and reader threads, no
-   Ray metrics); ``ours_actors``: with ``readers="actors"`` (reader actors, rows through the object store).
+   Ray metrics); ``ours_actors``: with ``readers="actors"`` (reader actors, rows through the object store);
+   ``ours_naive`` (for information): with ``planner="naive"`` (round-robin) and ``compose=False``: the loader with
+   its cheapest planning, what it costs beyond ``spdl_shuffle`` without balancing.
 6. ``spdl``: SPDL 0.8's pipeline (``PipelineBuilder``): the row groups read with ``concurrency=2`` (threads), each
    split into G-row batches and turned into the tensors, ``build(num_threads=2)``. It does not balance.
    ``spdl_shuffle`` (for information): the same pipeline, row groups in a seeded order, each row group's rows
@@ -148,8 +150,8 @@ SIGMA, FILES = 1.2, 4
 DATASETS = (*SHAPES, "movielens")
 MOVIELENS_G = 128  # 610 rows: 5 steps
 PROCS = (2, 8)  # trainer processes of the named-loader cases (named2, named8) and their anchors (split2, split8)
-CONTENDERS = ("floor", "spdl", "spdl_shuffle", "raydata", "raysplit", "ours", "ours_s3", "ours_dl", "ours_inline", "ours_actors",
-              *(f"{kind}{p}" for p in PROCS for kind in ("named", "split")))
+CONTENDERS = ("floor", "spdl", "spdl_shuffle", "raydata", "raysplit", "ours", "ours_s3", "ours_dl", "ours_inline",
+              "ours_actors", "ours_naive", *(f"{kind}{p}" for p in PROCS for kind in ("named", "split")))
 ANCHORS = ("raydata", "raysplit")
 TARGET_ROWS_VS_ANCHOR, TARGET_CPU_VS_ANCHOR, TARGET_FIRST_BATCH_S = 1.0, 0.8, 1.0  # issue 16
 # issue 28: ours (one process) against SPDL's pipeline; the named loader with one process per rank against SPDL and
@@ -740,18 +742,20 @@ def ours_available() -> tuple[bool, str]:
 
 
 def run_ours(ds: dict, cols: list[str], cfg: dict, clock: dict, *, dataloader: bool = False, s3: bool = False,
-             backend: str = "ray", readers: str = "auto") -> dict:
+             backend: str = "ray", readers: str = "auto", balance: bool = True) -> dict:
     """SequenceLoader on the running Ray, every rank drained by its own thread; ``teardown`` closes it.
     ``dataloader``: each rank through ``DataLoader(RankDataset(loader, rank=r), batch_size=None)``; ``s3``: the
     dataset's copy on the bench's loopback S3 server (:class:`S3Store`); ``backend``: ``inline`` runs the same
     control plane with reader threads in this process; ``readers``: the Ray backend's (``auto``: threads on this
-    one-node Ray, ``actors``: reader actors)."""
+    one-node Ray, ``actors``: reader actors); ``balance=False``: the ``naive`` planner (round-robin) and no composition."""
     from loader import SequenceLoader
 
     R = cfg["R"]
     kwargs = dict(ranks=R, microbatches=cfg["M"], samples_per_step=cfg["G"], backend=backend, seed=cfg["seed"])
     if cfg["reader_nice"] is not None:
         kwargs["reader_nice"] = cfg["reader_nice"]
+    if not balance:
+        kwargs.update(planner="naive", compose=False)
     if backend == "ray" and readers != "auto":
         kwargs["readers"] = readers
     if cfg["columns"] == "items":
@@ -882,6 +886,7 @@ RUNNERS = {"floor": run_floor, "spdl": run_spdl, "spdl_shuffle": run_spdl_shuffl
            "ours_dl": functools.partial(run_ours, dataloader=True), "ours_s3": functools.partial(run_ours, s3=True),
            "ours_inline": functools.partial(run_ours, backend="inline"),
            "ours_actors": functools.partial(run_ours, readers="actors"),
+           "ours_naive": functools.partial(run_ours, balance=False),
            **{f"{kind}{p}": functools.partial(run, procs=p) for p in PROCS
               for kind, run in (("named", run_named), ("split", run_split))}}
 
@@ -1044,17 +1049,23 @@ def verdicts(rows: list[dict], datasets: list[dict]) -> dict:
                 print(f"{ds['name']}: ({rival} / floor rows/s = {entry[f'{rival}_vs_floor_rows_per_s']:.2f}x)",
                       flush=True)
         shuffle, spdl = got.get("spdl_shuffle"), got.get("spdl")
-        if shuffle and spdl and spdl["cpu_s_per_row"] and shuffle["cpu_s_per_row"]:  # the floor of any loader that shuffles (one copy of every event), against the target
+        # the floor of any loader that shuffles (one copy of every event), and ours' own costs above it
+        if shuffle and spdl and spdl["cpu_s_per_row"] and shuffle["cpu_s_per_row"]:
             cost = entry["spdl_shuffle_vs_spdl_cpu_per_row"] = shuffle["cpu_s_per_row"] / spdl["cpu_s_per_row"]
             entry["spdl_shuffle_vs_spdl_rows_per_s"] = shuffle["rows_per_s"] / spdl["rows_per_s"]
             print(f"{ds['name']}: (spdl_shuffle / spdl: CPU-s per row {cost:.2f}x, rows/s "
                   f"{entry['spdl_shuffle_vs_spdl_rows_per_s']:.2f}x: shuffling alone, one copy of every event; the "
                   f"{TARGET_CPU_VS_SPDL:g}x CPU target leaves {TARGET_CPU_VS_SPDL - cost:+.2f}x of spdl's CPU per row "
                   f"for planning, composition and microbatches)", flush=True)
-            if "ours" in got:
-                entry["ours_vs_spdl_shuffle_cpu_per_row"] = got["ours"]["cpu_s_per_row"] / shuffle["cpu_s_per_row"]
-                print(f"{ds['name']}: (ours / spdl_shuffle CPU-s per row = "
-                      f"{entry['ours_vs_spdl_shuffle_cpu_per_row']:.2f}x)", flush=True)
+            for name in ("ours_naive", "ours"):
+                if name not in got or not got[name]["cpu_s_per_row"]:
+                    continue
+                over_spdl = got[name]["cpu_s_per_row"] / spdl["cpu_s_per_row"]  # ours': its target's entry
+                if name == "ours_naive":
+                    entry["ours_naive_vs_spdl_cpu_per_row"] = over_spdl
+                entry[f"{name}_vs_spdl_shuffle_cpu_per_row"] = got[name]["cpu_s_per_row"] / shuffle["cpu_s_per_row"]
+                print(f"{ds['name']}: ({name} / spdl_shuffle CPU-s per row = "
+                      f"{entry[f'{name}_vs_spdl_shuffle_cpu_per_row']:.2f}x; / spdl {over_spdl:.2f}x)", flush=True)
         out["datasets"][ds["name"]] = entry
     graded = [(c["kind"], c["verdict"]) for name, e in out["datasets"].items() if name in SHAPES
               for c in e.values() if isinstance(c, dict)]
