@@ -1,7 +1,9 @@
 """One rank of the fault tests (tests/deploy/test_faults.py), as its own process inside a node's namespace:
 iterate one epoch of the named Ray loader, pausing between microbatches, and print JSON lines: ``ready`` once
 the loader is built, ``started`` at the first microbatch, then the result (its users, and the error that ended it:
-its class, whether it is a ``loader.errors.LoaderError``, its text, and when it was raised)."""
+its class, whether it is a ``loader.errors.LoaderError``, its text, and when it was raised). Its imports done, it
+builds the loader once a line comes on stdin (the test starts every rank's process at once, and lets a rank attach
+once rank 0 has created the coordinator)."""
 
 import json
 import os
@@ -19,6 +21,7 @@ def say(**fields) -> None:
     print(json.dumps({"rank": rank, **fields}), flush=True)
 
 
+sys.stdin.readline()
 with SequenceLoader(data, ranks=2, microbatches=1, samples_per_step=20, shuffle_window=400, seed=3, num_readers=2,
                     prefetch_steps=1, backend="ray", ray_address=address, name=name,
                     liveness_timeout=liveness) as loader:

@@ -41,7 +41,7 @@ class Rank:
         self.proc = cluster.popen_in_ns(
             ns, [str(BIN / "python"), str(Path(__file__).parent / "fault_rank.py"), str(data), cluster.address,
                  "faults", str(rank), str(LIVENESS_S), str(PAUSE_S)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.err: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
         threading.Thread(target=lambda: self.err.extend(self.proc.stderr), daemon=True).start()
@@ -52,6 +52,11 @@ class Rank:
                 with self.got:
                     self.lines.append(json.loads(line))
                     self.got.notify_all()
+
+    def go(self) -> None:
+        """Let the process build its loader (it imports meanwhile)."""
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
 
     def wait(self, key: str, deadline: float) -> dict | None:
         """The first line holding ``key``, or None at ``deadline`` (time.time())."""
@@ -96,11 +101,12 @@ def test_a_lost_node_ends_every_surviving_rank_with_a_named_error(data, fault):
         pytest.skip(why)
     path, users = data
     with two_node_cluster() as cluster:
-        ranks = [Rank(cluster, 0, path, 0)]  # creates the coordinator, on the head node
+        ranks = [Rank(cluster, 0, path, 0), Rank(cluster, 1, path, 1)]  # both import at once
         try:
             start = time.time()
+            ranks[0].go()  # rank 0 creates the coordinator, on the head node; rank 1 attaches to it after
             assert ranks[0].wait("ready", start + 120), "".join(ranks[0].err)[-3000:]
-            ranks.append(Rank(cluster, 1, path, 1))
+            ranks[1].go()
             for rank in ranks:
                 assert rank.wait("started", start + 180), "".join(rank.err)[-3000:]
             time.sleep(FAULT_AFTER_S)
