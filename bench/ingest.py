@@ -104,8 +104,8 @@ rise <= 1.5x the floor's. Kept from issues 16 and 18 (kind ``issue16``): ours >=
 
 With ``spdl_shuffle`` run too, its CPU per row over ``spdl``'s is printed (and kept) beside the targets: the 1.2x
 target less that is what it leaves for planning, composition and the microbatches. MovieLens gets the same ratios,
-for information only. Prints a human table per dataset as it goes, then the
-targets with PASS/FAIL, and last one JSON line.
+for information only. Prints a human table per dataset as it goes, then the targets with PASS/FAIL, and last one
+JSON line.
 """
 
 from __future__ import annotations
@@ -747,7 +747,8 @@ def run_ours(ds: dict, cols: list[str], cfg: dict, clock: dict, *, dataloader: b
     ``dataloader``: each rank through ``DataLoader(RankDataset(loader, rank=r), batch_size=None)``; ``s3``: the
     dataset's copy on the bench's loopback S3 server (:class:`S3Store`); ``backend``: ``inline`` runs the same
     control plane with reader threads in this process; ``readers``: the Ray backend's (``auto``: threads on this
-    one-node Ray, ``actors``: reader actors); ``balance=False``: the ``naive`` planner (round-robin) and no composition."""
+    one-node Ray, ``actors``: reader actors); ``balance=False``: the ``naive`` planner (round-robin), no
+    composition."""
     from loader import SequenceLoader
 
     R = cfg["R"]
@@ -882,7 +883,8 @@ def planner_ms_per_step(stats, steps: int) -> float | None:
     return None
 
 
-RUNNERS = {"floor": run_floor, "spdl": run_spdl, "spdl_shuffle": run_spdl_shuffle, "raydata": run_raydata, "raysplit": run_raysplit, "ours": run_ours,
+RUNNERS = {"floor": run_floor, "spdl": run_spdl, "spdl_shuffle": run_spdl_shuffle, "raydata": run_raydata,
+           "raysplit": run_raysplit, "ours": run_ours,
            "ours_dl": functools.partial(run_ours, dataloader=True), "ours_s3": functools.partial(run_ours, s3=True),
            "ours_inline": functools.partial(run_ours, backend="inline"),
            "ours_actors": functools.partial(run_ours, readers="actors"),
@@ -1060,8 +1062,8 @@ def verdicts(rows: list[dict], datasets: list[dict]) -> dict:
             for name in ("ours_naive", "ours"):
                 if name not in got or not got[name]["cpu_s_per_row"]:
                     continue
-                over_spdl = got[name]["cpu_s_per_row"] / spdl["cpu_s_per_row"]  # ours': its target's entry
-                if name == "ours_naive":
+                over_spdl = got[name]["cpu_s_per_row"] / spdl["cpu_s_per_row"]
+                if name == "ours_naive":  # (ours' is its target's entry)
                     entry["ours_naive_vs_spdl_cpu_per_row"] = over_spdl
                 entry[f"{name}_vs_spdl_shuffle_cpu_per_row"] = got[name]["cpu_s_per_row"] / shuffle["cpu_s_per_row"]
                 print(f"{ds['name']}: ({name} / spdl_shuffle CPU-s per row = "
