@@ -511,13 +511,30 @@ def run_raysplit(ds: dict, cols: list[str], cfg: dict, clock: dict) -> dict:
     return {**totals(counts), "batch_size_per_split": per_split, "rows_per_split": [c[0] for c in counts]}
 
 
-def run_spdl(ds: dict, cols: list[str], cfg: dict, clock: dict) -> dict:
-    """SPDL 0.8's pipeline as its docs build one for Parquet: row groups read with concurrency 2 (threads; pyarrow
-    decodes without the GIL), each split into G-row batches turned into the same tensors, 2 threads in all."""
+def row_group_units(ds: dict) -> list[tuple[Path, int]]:
+    """(file, row group) of every row group of the dataset, in file order."""
+    paths = sorted(Path(ds["path"]).glob("part-*.parquet"))
+    return [(path, g) for path in paths for g in range(pq.ParquetFile(path).num_row_groups)]
+
+
+def drain_spdl(source: list, read, batches_of, clock: dict) -> dict:
+    """SPDL 0.8's pipeline over ``source``: ``read`` with concurrency 2 (threads; pyarrow decodes without the GIL),
+    ``batches_of`` (a generator of batches) after it, 2 threads in all; drained in this thread."""
     from spdl.pipeline import PipelineBuilder
 
-    paths = sorted(Path(ds["path"]).glob("part-*.parquet"))
-    units = [(path, g) for path in paths for g in range(pq.ParquetFile(path).num_row_groups)]
+    pipeline = (PipelineBuilder().add_source(source).pipe(read, concurrency=2).pipe(batches_of).add_sink(3)
+                .build(num_threads=2))
+
+    def batches():
+        with pipeline.auto_stop():
+            yield from pipeline.get_iterator()
+
+    return totals(drain([batches], tensor_size, clock))
+
+
+def run_spdl(ds: dict, cols: list[str], cfg: dict, clock: dict) -> dict:
+    """SPDL 0.8's pipeline as its docs build one for Parquet: row groups read with concurrency 2, each split into
+    G-row batches turned into the same tensors."""
 
     def read(unit):
         path, group = unit
@@ -527,14 +544,7 @@ def run_spdl(ds: dict, cols: list[str], cfg: dict, clock: dict) -> dict:
         for batch in table.to_batches(max_chunksize=cfg["G"]):
             yield to_torch(batch, cols[1:])
 
-    pipeline = (PipelineBuilder().add_source(units).pipe(read, concurrency=2).pipe(split).add_sink(3)
-                .build(num_threads=2))
-
-    def batches():
-        with pipeline.auto_stop():
-            yield from pipeline.get_iterator()
-
-    return totals(drain([batches], tensor_size, clock))
+    return drain_spdl(row_group_units(ds), read, split, clock)
 
 
 def shuffled_batches(table, rows: np.ndarray, size: int, lists: list[str]):
@@ -566,10 +576,7 @@ def run_spdl_shuffle(ds: dict, cols: list[str], cfg: dict, clock: dict) -> dict:
     (:func:`shuffled_batches`). No planning, no composition, no microbatches: the floor under ours' CPU per row
     where decoding is cheap (a batch must be contiguous for the device, so a shuffled one cannot be a view of a
     decoded row group as SPDL's are)."""
-    from spdl.pipeline import PipelineBuilder
-
-    paths = sorted(Path(ds["path"]).glob("part-*.parquet"))
-    units = [(path, g) for path in paths for g in range(pq.ParquetFile(path).num_row_groups)]
+    units = row_group_units(ds)
     order = np.random.default_rng(cfg["seed"]).permutation(len(units))
 
     def read(k):
@@ -581,14 +588,7 @@ def run_spdl_shuffle(ds: dict, cols: list[str], cfg: dict, clock: dict) -> dict:
         rows = np.random.default_rng((cfg["seed"], int(k))).permutation(table.num_rows)  # (n,)
         yield from shuffled_batches(table, rows, cfg["G"], cols[1:])
 
-    pipeline = (PipelineBuilder().add_source(order.tolist()).pipe(read, concurrency=2).pipe(shuffled).add_sink(3)
-                .build(num_threads=2))
-
-    def batches():
-        with pipeline.auto_stop():
-            yield from pipeline.get_iterator()
-
-    return totals(drain([batches], tensor_size, clock))
+    return drain_spdl(order.tolist(), read, shuffled, clock)
 
 
 class RankProcesses:

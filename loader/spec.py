@@ -58,6 +58,11 @@ class BatchSpec:
                 "(balanced is ours; the others are the reference planners, e.g. naive for an unbalanced run)"
             )
 
+    @property
+    def window_steps(self) -> int:
+        """Steps per composition window: ``compose_window`` with ``compose``, else 1 (each step as shuffled)."""
+        return self.compose_window if self.compose else 1
+
     def as_kwargs(self) -> dict:
         """The fields as keyword arguments (``SequenceLoader(source, **spec.as_kwargs(), ...)``)."""
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -149,8 +149,7 @@ class EpochRun:
         if not 0 <= start.cursor <= self.order.rows:
             raise ValueError(f"resume cursor {start.cursor} is outside epoch {epoch} of {self.order.rows} rows")
         self.start = start
-        self.window_steps = config.compose_window if config.compose else 1
-        self.step = start.step - start.step % self.window_steps  # the resumed window is cut again
+        self.step = start.step - start.step % config.window_steps  # the resumed window is cut again
         self.cursor = start.cursor  # first position not yet visited
         self.window: list[Batch] = []  # cut steps of the composition window still open
         self.window_cursor = start.cursor  # where it starts
@@ -207,7 +206,7 @@ class EpochRun:
         """The composition windows that the block's rows close, their steps cut and composed."""
         for batch in self._cut(block, metas):
             self.window.append(batch)
-            if len(self.window) == self.window_steps:
+            if len(self.window) == self.config.window_steps:
                 yield self._close_window()
 
     def _last_window(self) -> list[Batch]:
@@ -354,7 +353,7 @@ def _unplannable(batch: Batch, exc: Exception) -> ValueError:
     return ValueError(f"step {batch.step}: cannot plan its {len(batch.lengths)} samples: {exc}")
 
 
-_WARM = threading.Event()  # set once a warm_up in this process has ended
+_WARM = threading.Event()  # set once a warm_up in this process has completed
 _LOG = logging.getLogger(__name__)
 COMPILE_NOTICE_S = 5.0  # a warm_up still running after this long is compiling: say so
 
@@ -378,15 +377,15 @@ def warm_up(config: LoaderConfig) -> None:
                    or (lengths.max() <= config.max_tokens and lengths.sum() <= config.max_tokens * bins)]
         for lengths in batches:
             config.plan_steps([lengths])
-        if config.compose_window > 1 and len(batches) > 1:  # a window of the two, composed as a run composes
+        if config.window_steps > 1 and len(batches) > 1:  # a window of the two, composed as a run composes
             config.composition(np.concatenate(batches), np.array([len(b) for b in batches], dtype=np.int64))
     finally:
         notice.cancel()
-        _WARM.set()
+    _WARM.set()
 
 
 def kernels_warm() -> bool:
-    """Whether this process's planner kernels are compiled or loaded (a :func:`warm_up` has ended here); until
+    """Whether this process's planner kernels are compiled or loaded (a :func:`warm_up` has completed here); until
     then a run's first steps wait on numba's compiler, about a minute on a machine whose cache lacks them."""
     return _WARM.is_set()
 

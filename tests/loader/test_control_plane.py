@@ -138,12 +138,13 @@ def test_a_warm_up_that_compiles_says_so_once_and_a_warm_one_says_nothing(monkey
     assert "NUMBA_CACHE_DIR" in caplog.records[0].getMessage()
 
 
-@pytest.mark.parametrize("window", [1, 16])
-def test_warm_up_composes_a_window_where_the_run_composes(monkeypatch, window):
-    config = LoaderConfig.of(dict(ranks=2, microbatches=2, samples_per_step=8, compose_window=window))
+@pytest.mark.parametrize("window, compose", [(1, True), (16, True), (16, False)])
+def test_warm_up_composes_a_window_where_the_run_composes(monkeypatch, window, compose):
+    config = LoaderConfig.of(dict(ranks=2, microbatches=2, samples_per_step=8, compose_window=window,
+                                  compose=compose))
     windows = []
     composition = LoaderConfig.composition
     monkeypatch.setattr(LoaderConfig, "composition",
                         lambda self, lengths, sizes: (windows.append(sizes.tolist()), composition(self, lengths, sizes))[1])
     pipeline.warm_up(config)
-    assert windows == ([] if window == 1 else [[4, 17]])  # the two planned batches, one window
+    assert windows == ([[4, 17]] if window > 1 and compose else [])  # the two planned batches, one window
