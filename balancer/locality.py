@@ -175,7 +175,7 @@ def _local_plan(problem: Problem, layout: Layout, order: np.ndarray, plain: Plan
 def _grouped_plan(problem: Problem, layout: Layout, order: np.ndarray, node: np.ndarray) -> _Local | None:
     """The grouped column fill over ranks numbered node by node, polished by ``balanced``'s search."""
     bins, levels = column_fill_grouped(order, problem.costs, problem.lengths, problem.ranks, problem.rules, node,
-                                       layout.node_start)
+                                       layout.node_start, 0.0)
     if np.any(bins < 0):
         return None
     columns = np.arange(problem.n_bins, dtype=np.int64) % problem.microbatches

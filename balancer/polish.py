@@ -19,7 +19,7 @@ from balancer.kernels.assign import group_bins_into_ranks
 from balancer.kernels.common import Rules
 from balancer.kernels.exchange import exchange
 from balancer.kernels.refine import bin_thresholds, refine
-from balancer.kernels.tighten import tighten
+from balancer.kernels.tighten import SCANNED_FALLBACKS, tighten
 from balancer.kernels.totals import layout_scores
 from balancer.registry import Problem
 
@@ -65,7 +65,7 @@ def polish(problem: Problem, bins: np.ndarray, columns: np.ndarray, levels: np.n
     exchange(bins, problem.costs, problem.lengths, threshold, rules, work)
     if levels.shape[0] == 1:
         tighten(bins, problem.costs, problem.lengths, problem.n_bins, rules, float(levels[0]),
-                TIGHTEN_STEPS_PER_BIN * problem.n_bins)
+                TIGHTEN_STEPS_PER_BIN * problem.n_bins, SCANNED_FALLBACKS)
     return bins
 
 
@@ -84,7 +84,7 @@ def level_slot(problem: Problem, bins: np.ndarray, slot: int) -> np.ndarray:
     costs = problem.costs[mine]
     rules = Rules(1, problem.rules.token_cap, problem.equal_count, 0, 0)  # one bin per rank: swaps keep counts
     tighten(rank, costs, problem.lengths[mine], problem.ranks, rules, float(costs.sum()) / problem.ranks,
-            TIGHTEN_STEPS_PER_BIN * problem.ranks)
+            TIGHTEN_STEPS_PER_BIN * problem.ranks, SCANNED_FALLBACKS)
     bins[mine] = rank * M + slot
     return bins
 

@@ -154,13 +154,13 @@ def _least_loaded(trees, j, first, stop, length, token_cap):
 
 
 @njit(cache=True, nogil=True)
-def column_fill(order, costs, lengths, ranks, rules, peak=0.0):
+def column_fill(order, costs, lengths, ranks, rules, peak):
     """Every sample may go to any rank (one group of all ranks): see the module docstring."""
     return column_fill_grouped(order, costs, lengths, ranks, rules, None, None, peak)
 
 
 @njit(cache=True, nogil=True)
-def column_fill_grouped(order, costs, lengths, ranks, rules, group, group_start, peak=0.0):
+def column_fill_grouped(order, costs, lengths, ranks, rules, group, group_start, peak):
     """``column_fill`` where sample i prefers the ranks ``group_start[group[i]] .. group_start[group[i] + 1] - 1``
     (``group`` int64 (N,), ``group_start`` int64 (G + 1,), ascending from 0 to ``ranks``; both None: one
     group of all ranks): see the module docstring's grouped rules; ``peak`` > 0: stacked levels."""
@@ -267,13 +267,13 @@ def _last_slot_bin(trees, loads, j, first, stop, cost, length, level, rules, ran
     return b
 
 
-def column_fill_ref(order, costs, lengths, ranks, rules, peak=0.0):
+def column_fill_ref(order, costs, lengths, ranks, rules, peak):
     """Plain twin of ``column_fill``."""
     return column_fill_grouped_ref(order, costs, lengths, ranks, rules, np.zeros(len(costs), dtype=np.int64),
                                    np.array([0, ranks]), peak)
 
 
-def column_fill_grouped_ref(order, costs, lengths, ranks, rules, group, group_start, peak=0.0):
+def column_fill_grouped_ref(order, costs, lengths, ranks, rules, group, group_start, peak):
     """Plain twin of ``column_fill_grouped``."""
     microbatches, token_cap, quotas, lo, n_extra = rules
     bins = np.full(len(costs), -1, dtype=np.int64)

@@ -35,7 +35,7 @@ from balancer.kernels.exchange import exchange
 from balancer.kernels.order import order_by_length_desc
 from balancer.kernels.refine import bin_thresholds, refine
 from balancer.kernels.runs import Runs, deficit_fill, ring_lpt, spread_runs
-from balancer.kernels.tighten import tighten
+from balancer.kernels.tighten import SCANNED_FALLBACKS, tighten
 from balancer.kernels.totals import layout_scores, pairwise_sum
 
 
@@ -183,7 +183,7 @@ def _polished_flat(bins, lengths, costs, ranks, rules, threshold, level, budgets
     work = budgets[1] * max(n, n_bins)
     refine(bins, costs, lengths, threshold, rules, budgets[0] * n_bins, work)
     exchange(bins, costs, lengths, threshold, rules, work)
-    tighten(bins, costs, lengths, n_bins, rules, level, budgets[2] * n_bins)
+    tighten(bins, costs, lengths, n_bins, rules, level, budgets[2] * n_bins, np.int64(SCANNED_FALLBACKS))
     loads = _loads(bins, costs, n_bins)
     if rules.quotas:
         rank_of_bin = np.arange(n_bins) // microbatches

@@ -206,12 +206,13 @@ def _best_partner(a, every, fill, pools, lists, costs, lengths, rules):
 
 
 @njit(cache=True, nogil=True)
-def tighten(bins, costs, lengths, n_bins, rules, floor, max_steps, scans=SCANNED_FALLBACKS):
+def tighten(bins, costs, lengths, n_bins, rules, floor, max_steps, scans):
     """Lowers the peak bin's cost by swaps of one or two samples with the lightest bins under ``rules``;
     ``bins`` in place.
 
     Returns the number of swaps applied. See the module docstring for the rules. ``scans``: steps
-    that find a bin's samples by scanning ``bins`` before the member lists are built (same result).
+    that find a bin's samples by scanning ``bins`` before the member lists are built (same result;
+    :data:`SCANNED_FALLBACKS` as an int64, never a literal, so every caller shares one compiled signature).
     """
     fill = fill_of(bins, costs, lengths, n_bins)
     loads = fill.loads

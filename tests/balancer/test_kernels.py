@@ -288,7 +288,7 @@ def test_column_fill_sends_what_the_cap_keeps_out_of_the_last_slot_to_any_bin_wi
     # reached), and the last 1 goes back to slot 0, the only bin with room
     lengths = np.array([8, 6, 4, 1], dtype=np.int64)
     costs = lengths.astype(np.float64) ** 2
-    bins, _ = C.column_fill(np.arange(4, dtype=np.int64), costs, lengths, 1, Rules(2, 10, False, 0, 0))
+    bins, _ = C.column_fill(np.arange(4, dtype=np.int64), costs, lengths, 1, Rules(2, 10, False, 0, 0), 0.0)
     np.testing.assert_array_equal(bins, [0, 1, 1, 0])
 
 
@@ -298,7 +298,7 @@ def test_column_fill_puts_large_samples_together_in_slot_zero():
     lengths = np.array([10, 60, 40, 5, 5], dtype=np.int64)
     costs = np.array([100.0, 60.0, 40.0, 5.0, 5.0])
     order = np.arange(5, dtype=np.int64)
-    bins, levels = C.column_fill(order, costs, lengths, 2, Rules(2, 0, False, 0, 0))
+    bins, levels = C.column_fill(order, costs, lengths, 2, Rules(2, 0, False, 0, 0), 0.0)
     np.testing.assert_array_equal(bins, [0, 2, 2, 1, 3])
     np.testing.assert_array_equal(levels, [100.0, 5.0])
 

@@ -266,7 +266,7 @@ def test_column_fill_grouped_matches_reference(data):
     group = np.asarray(data.draw(st.lists(st.integers(0, group_start.size - 2), min_size=n, max_size=n)),
                        dtype=np.int64)
     order = order_by_length_desc(lengths, data.draw(st.integers(0, 100)))
-    args = (order, costs, lengths, R, Rules(M, cap, quotas, n // R, n % R), group, group_start)
+    args = (order, costs, lengths, R, Rules(M, cap, quotas, n // R, n % R), group, group_start, 0.0)
     bins, levels = column_fill_grouped(*args)
     bins_ref, levels_ref = column_fill_grouped_ref(*args)
     np.testing.assert_array_equal(bins, bins_ref)
@@ -280,7 +280,7 @@ def test_grouped_column_fill_keeps_samples_in_their_group_while_it_has_room():
     costs = lengths.astype(np.float64)
     order = np.arange(4, dtype=np.int64)
     bins, _ = column_fill_grouped(order, costs, lengths, 2, Rules(1, 0, False, 0, 0), np.array([1, 0, 1, 1]),
-                                  np.array([0, 1, 2]))
+                                  np.array([0, 1, 2]), 0.0)
     np.testing.assert_array_equal(bins, [1, 0, 0, 1])
 
 

@@ -39,7 +39,7 @@ def test_tighten_matches_reference_and_keeps_every_constraint(data):
     max_steps = data.draw(st.sampled_from([10_000, 0, 1, 3]))
     fast, listed, slow = start.copy(), start.copy(), start.copy()
     args = (costs, lengths, n_bins, Rules(microbatches, cap, quotas, 0, 0), floor, max_steps)
-    done = T.tighten(fast, *args)
+    done = T.tighten(fast, *args, T.SCANNED_FALLBACKS)
     assert done == T.tighten_ref(slow, *args)
     np.testing.assert_array_equal(fast, slow)
     # finding a bin's samples through member lists from the first fallback on changes nothing
@@ -96,7 +96,7 @@ def test_tighten_takes_a_large_batch_to_the_last_cost_unit():
     bins = flat_lpt_bins(Problem(lengths, costs, 8, 8, None, False, 0))
     mean = costs.sum() / 64
     assert np.bincount(bins, weights=costs).max() - mean > 5
-    T.tighten(bins, costs, lengths, 64, Rules(8, 0, False, 0, 0), mean, 4 * 64)
+    T.tighten(bins, costs, lengths, 64, Rules(8, 0, False, 0, 0), mean, 4 * 64, T.SCANNED_FALLBACKS)
     assert np.bincount(bins, weights=costs).max() == np.ceil(mean)
 
 
@@ -104,7 +104,7 @@ def test_tighten_leaves_a_plan_at_its_floor():
     lengths = np.array([3, 4, 5], dtype=np.int64)
     costs = lengths.astype(np.float64) ** 2
     bins = np.array([0, 0, 1], dtype=np.int64)  # 25 and 25
-    assert T.tighten(bins, costs, lengths, 2, Rules(1, 0, False, 0, 0), 25.0, 100) == 0
+    assert T.tighten(bins, costs, lengths, 2, Rules(1, 0, False, 0, 0), 25.0, 100, T.SCANNED_FALLBACKS) == 0
     np.testing.assert_array_equal(bins, [0, 0, 1])
 
 
@@ -116,7 +116,7 @@ def test_tighten_offers_samples_beyond_the_pool_when_the_pool_has_no_swap():
     lengths = np.array([100] * 40 + [200] * 5 + [101] * 45, dtype=np.int64)
     costs = lengths.astype(np.float64) ** 2
     bins = np.array([0] * 45 + [1] * 45, dtype=np.int64)
-    assert T.tighten(bins, costs, lengths, 2, Rules(1, 0, True, 45, 0), costs.sum() / 2, 100) == 2
+    assert T.tighten(bins, costs, lengths, 2, Rules(1, 0, True, 45, 0), costs.sum() / 2, 100, T.SCANNED_FALLBACKS) == 2
     np.testing.assert_array_equal(np.bincount(bins, weights=costs), [540_402.0, 518_643.0])
     np.testing.assert_array_equal(np.bincount(bins), [45, 45])
 
