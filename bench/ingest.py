@@ -755,6 +755,8 @@ def run_ours(ds: dict, cols: list[str], cfg: dict, clock: dict, *, dataloader: b
     kwargs = dict(ranks=R, microbatches=cfg["M"], samples_per_step=cfg["G"], backend=backend, seed=cfg["seed"])
     if cfg["reader_nice"] is not None:
         kwargs["reader_nice"] = cfg["reader_nice"]
+    if cfg["shuffle_window"] is not None:
+        kwargs["shuffle_window"] = cfg["shuffle_window"]
     if not balance:
         kwargs.update(planner="naive", compose=False)
     if backend == "ray" and readers != "auto":
@@ -1102,6 +1104,8 @@ def parse_args(argv) -> argparse.Namespace:
                     help="decode user id + every list column (all) or user id + item ids (items)")
     ap.add_argument("--reader-nice", type=int, default=None, help="ours' reader_nice (default: the loader's, "
                     "docs/loader.md): 0 keeps its reading threads at the process's priority")
+    ap.add_argument("--shuffle-window", type=int, default=None, help="the shuffle_window of ours, ours_naive, ours_s3 "
+                    "and ours_dl (default: the loader's, 16,384 rows): rows per shuffle block, what bounds memory")
     ap.add_argument("--ray-prefetch", type=int, default=2, help="Ray Data prefetch_batches (default 2)")
     ap.add_argument("--datasets", default="long,short",
                     help=f"comma list of {', '.join(DATASETS)} (default long,short)")
@@ -1216,7 +1220,8 @@ def main(argv=None) -> dict:
             G = MOVIELENS_G if ds["name"] == "movielens" else args.samples_per_step
             cfg = {"R": args.ranks, "M": args.microbatches, "G": G, "ray_prefetch": args.ray_prefetch, "seed": args.seed,
                    "columns": args.columns, "quiet_wait": args.quiet_wait, "quiet_cores": args.quiet_cores,
-                   "named_epochs": args.named_epochs, "reader_nice": args.reader_nice}
+                   "named_epochs": args.named_epochs, "reader_nice": args.reader_nice,
+                   "shuffle_window": args.shuffle_window}
             n_rep = max(args.repeats, 5) if ds["name"] == "movielens" and not args.quick else args.repeats
             print(f"\n== {ds['name']}: {ds['rows']:,} rows, {ds['tokens']:,} events ({ds['tokens'] / ds['rows']:.0f} "
                   f"per row), columns {cols}, G={G} (raysplit {G // args.ranks} per split), R={args.ranks} x "
@@ -1263,7 +1268,8 @@ def main(argv=None) -> dict:
                          "raysplit_batch_size": args.samples_per_step // args.ranks, "num_cpus": args.num_cpus,
                          "warmup_passes": args.warmups, "repeats": args.repeats, "columns": args.columns,
                          "ray_prefetch_batches": args.ray_prefetch, "quiet_wait_s": args.quiet_wait,
-                         "quiet_cores": args.quiet_cores, "data_dir": str(args.data_dir), "reader_nice": args.reader_nice},
+                         "quiet_cores": args.quiet_cores, "data_dir": str(args.data_dir), "reader_nice": args.reader_nice,
+                         "shuffle_window": args.shuffle_window},
               "datasets": datasets, "seconds": elapsed, "targets": targets, "rows": result_rows}
     if args.json_out:
         args.json_out.write_text(json.dumps(result, indent=1, default=str))

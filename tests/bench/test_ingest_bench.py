@@ -130,3 +130,28 @@ def test_mem_contenders_run_in_fresh_processes(tmp_path, monkeypatch):
     row = bench_ingest.measure_in_child("floor", argv)
     assert row["dataset"] == "mem" and row["contender"] == "floor" and row["complete"] and row["rows"] == 300
     assert row["bench_pid"] != os.getpid() and not (tmp_path / "parent.json").exists()
+
+
+def test_shuffle_window_reaches_the_loaders_of_ours(monkeypatch):
+    """``--shuffle-window`` is what the memory table of docs/benchmarks.md varies: it must reach ours' loader (and
+    be left to the loader's default when not given)."""
+    import loader
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def fake(path, **kwargs):
+        seen.append(kwargs)
+        raise Stop
+
+    monkeypatch.setattr(loader, "SequenceLoader", fake)
+    ds = {"path": "unused", "rows": 10}
+    for argv, want in ((["--shuffle-window", "4096"], 4096), ([], None)):
+        args = bench_ingest.parse_args(argv)
+        cfg = {"R": 2, "M": 1, "G": 4, "seed": 0, "columns": "all", "reader_nice": None,
+               "shuffle_window": args.shuffle_window}
+        with pytest.raises(Stop):
+            bench_ingest.run_ours(ds, [], cfg, {})
+        assert seen[-1].get("shuffle_window") == want
