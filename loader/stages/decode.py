@@ -18,7 +18,6 @@ decodes from them. File footers are read once per process and file
 
 from __future__ import annotations
 
-import ctypes
 import os
 import sys
 import threading
@@ -42,23 +41,6 @@ SLICE_BYTES = 32 << 20  # a part is decoded about this many bytes at a time (doc
 STREAM_BUFFER = 1 << 20  # parts"); its pages read through a buffer of this many bytes from a local file,
 REMOTE_BUFFER = 8 << 20  # and of this many from object storage (one request each)
 REMOTE_PASS_BYTES = 512 << 20  # a row group on object storage read in parts is fetched whole up to this size
-
-
-def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's ``malloc_trim``, or None where the C library has none (musl, macOS)."""
-    try:
-        trim = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
-        return None
-    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-    return trim
-
-
-# After each part: give back to the system what the C heap keeps of freed memory (the slices' copies, the ranks'
-# gathered tensors). On 0.5 GB row groups it held 150-230 MiB of free memory by the end of a pass
-# (docs/benchmarks.md, "What holds memory on `mem`"); a trim takes well under a millisecond against a part's
-# 0.2-0.3 s of decoding.
-MALLOC_TRIM = _malloc_trim()
 
 
 def readahead_units(index: SourceIndex, readers: int) -> int:
@@ -286,8 +268,6 @@ def _decode_part(index: SourceIndex, fetched: RowGroupBytes, file: DataFile) -> 
         return out.result()
     finally:
         PASSES.release(key, run, done=done)
-        if MALLOC_TRIM is not None:
-            MALLOC_TRIM(0)
 
 
 class _Filling:
