@@ -548,25 +548,28 @@ def run_spdl(ds: dict, cols: list[str], cfg: dict, clock: dict) -> dict:
 
 
 def shuffled_batches(table, rows: np.ndarray, size: int, lists: list[str]):
-    """``table``'s rows in the order ``rows`` (a permutation), ``size`` at a time, each batch's events copied once
-    into contiguous arrays (the loader's prefetching copy kernel) and turned into the same tensors as
-    :func:`to_torch`'s."""
+    """``table``'s rows in the order ``rows`` (a permutation), ``size`` at a time, each batch gathered as the loader
+    gathers a microbatch (:func:`loader.stages.rows.gather`: every event copied once into contiguous arrays) and
+    turned into the same tensors as :func:`to_torch`'s. The list columns hold equally long lists row by row (as
+    :func:`write_plain` writes them): one offsets array serves them all, as in the loader's rows."""
     import torch
 
-    from loader.stages.kernels import copy_rows
+    from loader.stages.rows import Rows, gather
 
-    users = table.column("user_id").to_numpy()
     columns = {name: jagged(table.column(name)) for name in lists}
+    offsets = columns[lists[0]][1]
+    if any(not np.array_equal(o, offsets) for _, o in columns.values()):
+        raise ValueError(f"spdl_shuffle: the list columns {lists} differ in length in some row")
+    users = table.column("user_id").to_numpy()
+    source = Rows(user_ids=users, offsets=offsets, events={name: values for name, (values, _) in columns.items()},
+                  cut=np.zeros(len(users), dtype=np.int64))
+    dtypes = {name: values.dtype for name, (values, _) in columns.items()}
     for a in range(0, len(rows), size):
         take = rows[a : a + size]  # (g,)
-        out = {"user_ids": torch.from_numpy(users[take])}
-        for name, (values, offsets) in columns.items():
-            starts, lengths = offsets[take], offsets[take + 1] - offsets[take]  # (g,) each
-            dst_offsets = np.zeros(len(take) + 1, dtype=np.int64)
-            np.cumsum(lengths, out=dst_offsets[1:])
-            dst = np.empty(int(dst_offsets[-1]), dtype=values.dtype)
-            copy_rows(values, starts, lengths, np.arange(len(take)), dst, dst_offsets[:-1])
-            out[name], out[name + "_offsets"] = torch.from_numpy(dst), torch.from_numpy(dst_offsets)
+        got = gather([source], np.zeros(len(take), dtype=np.int64), take, dtypes)
+        out = {"user_ids": torch.from_numpy(got.user_ids)}
+        for name in lists:
+            out[name], out[name + "_offsets"] = torch.from_numpy(got.events[name]), torch.from_numpy(got.offsets)
         yield out
 
 
@@ -1170,6 +1173,14 @@ def measure_in_child(name: str, argv: list[str]) -> dict:
     return row
 
 
+def run_config(args: argparse.Namespace, dataset: str) -> dict:
+    """What every contender's runner reads of this run's options, for ``dataset``."""
+    G = MOVIELENS_G if dataset == "movielens" else args.samples_per_step
+    return {"R": args.ranks, "M": args.microbatches, "G": G, "ray_prefetch": args.ray_prefetch, "seed": args.seed,
+            "columns": args.columns, "quiet_wait": args.quiet_wait, "quiet_cores": args.quiet_cores,
+            "named_epochs": args.named_epochs, "reader_nice": args.reader_nice, "shuffle_window": args.shuffle_window}
+
+
 def main(argv=None) -> dict:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
@@ -1217,11 +1228,8 @@ def main(argv=None) -> dict:
               "peak sum of VmRSS (upper bound); foreign = other processes' CPU s in the same pass", flush=True)
         for ds in datasets:
             cols = dataset_columns(ds["path"], args.columns)
-            G = MOVIELENS_G if ds["name"] == "movielens" else args.samples_per_step
-            cfg = {"R": args.ranks, "M": args.microbatches, "G": G, "ray_prefetch": args.ray_prefetch, "seed": args.seed,
-                   "columns": args.columns, "quiet_wait": args.quiet_wait, "quiet_cores": args.quiet_cores,
-                   "named_epochs": args.named_epochs, "reader_nice": args.reader_nice,
-                   "shuffle_window": args.shuffle_window}
+            cfg = run_config(args, ds["name"])
+            G = cfg["G"]
             n_rep = max(args.repeats, 5) if ds["name"] == "movielens" and not args.quick else args.repeats
             print(f"\n== {ds['name']}: {ds['rows']:,} rows, {ds['tokens']:,} events ({ds['tokens'] / ds['rows']:.0f} "
                   f"per row), columns {cols}, G={G} (raysplit {G // args.ranks} per split), R={args.ranks} x "

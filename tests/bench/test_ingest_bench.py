@@ -149,9 +149,6 @@ def test_shuffle_window_reaches_the_loaders_of_ours(monkeypatch):
     monkeypatch.setattr(loader, "SequenceLoader", fake)
     ds = {"path": "unused", "rows": 10}
     for argv, want in ((["--shuffle-window", "4096"], 4096), ([], None)):
-        args = bench_ingest.parse_args(argv)
-        cfg = {"R": 2, "M": 1, "G": 4, "seed": 0, "columns": "all", "reader_nice": None,
-               "shuffle_window": args.shuffle_window}
         with pytest.raises(Stop):
-            bench_ingest.run_ours(ds, [], cfg, {})
+            bench_ingest.run_ours(ds, [], bench_ingest.run_config(bench_ingest.parse_args(argv), "short"), {})
         assert seen[-1].get("shuffle_window") == want
