@@ -115,9 +115,12 @@ class LoaderConfig(BatchSpec):
 
     @property
     def window(self) -> int:
-        """Rows per shuffle block before the trainer nodes are counted (:meth:`block_rows`): at least one
+        """Rows per shuffle block before the trainer nodes are counted (:meth:`block_rows`): ``shuffle_window``, by
+        default ``DEFAULT_SHUFFLE_WINDOW`` or one composition window's rows (``window_steps`` global batches) if
+        more, since a composition window never spans two blocks (:mod:`loader.stages.pipeline`); at least one
         global batch."""
-        return max(self.shuffle_window or DEFAULT_SHUFFLE_WINDOW, self.samples_per_step)
+        default = max(DEFAULT_SHUFFLE_WINDOW, self.window_steps * self.samples_per_step)
+        return max(self.shuffle_window or default, self.samples_per_step)
 
     def block_rows(self, unit_rows: np.ndarray) -> int:
         """Rows per shuffle block over units of ``unit_rows`` (U,): :attr:`window`, and by default at least one

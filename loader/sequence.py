@@ -85,14 +85,16 @@ class SequenceLoader:
                 with _ASSEMBLY:
                     built = {r: MessageSteps(messages[r], pin_memory=self.config.pin_memory) for r in ranks}
                 first = messages[ranks[0]]
-                for k, (step, cursor) in enumerate(zip(first.steps.tolist(), first.cursors.tolist())):
+                resumes = zip(first.steps.tolist(), first.cursors.tolist(), first.window_starts.tolist())
+                for k, (step, cursor, window_start) in enumerate(resumes):
+                    after = Resume(step + 1, cursor, window_start)
                     if per_step:
-                        self._advance(ranks, epoch, step, cursor)
+                        self._advance(ranks, epoch, after)
                         yield [built[r][k] for r in ranks]
                         continue
                     *head, last = built[ranks[0]][k]
                     yield from head
-                    self._advance(ranks, epoch, step, cursor)  # a step is delivered once its last microbatch is
+                    self._advance(ranks, epoch, after)  # a step is delivered once its last microbatch is
                     yield last
         finally:
             stream.close()
@@ -105,10 +107,10 @@ class SequenceLoader:
             self._resumed.update(ranks)
             return self._resume[1]
 
-    def _advance(self, ranks: tuple[int, ...], epoch: int, step: int, cursor: int) -> None:
+    def _advance(self, ranks: tuple[int, ...], epoch: int, after: Resume) -> None:
         with self._lock:
             for rank in ranks:
-                self._progress[rank] = (epoch, Resume(step=step + 1, cursor=cursor))
+                self._progress[rank] = (epoch, after)
 
     def _check(self, *, rank: int, epoch: int) -> None:
         if self._closed:

@@ -50,8 +50,9 @@ async def produce(service: Service, run: Run) -> None:
         await run.all_joined.wait()
         layout, rank_keys = layout_of(config, run)
         homes = home_keys(layout, rank_keys)
-        epoch_run = EpochRun(service.index, config, epoch=run.key.epoch, start=Resume(run.key.step, run.key.cursor),
-                             layout=layout)
+        key = run.key
+        epoch_run = EpochRun(service.index, config, epoch=key.epoch,
+                             start=Resume(key.step, key.cursor, key.window_start), layout=layout)
         if config.locality:
             check_window(epoch_run)
         sources = run.sources = Sources(service.readers, len(service.index.units), rank_keys)

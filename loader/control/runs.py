@@ -22,11 +22,13 @@ from loader.stages.stats import Stats
 
 @dataclass(frozen=True)
 class RunKey:
-    """One pass over ``epoch`` starting after ``step`` steps at epoch position ``cursor``."""
+    """One pass over ``epoch`` starting after ``step`` steps at epoch position ``cursor``, where the composition window
+    starting with step ``window_start`` starts (:class:`loader.stages.pipeline.Resume`)."""
 
     epoch: int
     step: int = 0
     cursor: int = 0
+    window_start: int = 0
 
     def __str__(self) -> str:
         return f"epoch {self.epoch} from step {self.step}"

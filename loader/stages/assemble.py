@@ -25,7 +25,8 @@ if TYPE_CHECKING:  # readers import this module: keep the planner out of their i
 
 @dataclass
 class RankMessage:
-    """Steps ``steps`` (K,) of rank ``rank``; ``cursors`` (K,) the epoch position after each.
+    """Steps ``steps`` (K,) of rank ``rank``; after step k a run resumes at epoch position ``cursors[k]``, cutting
+    again the composition window whose first step is ``window_starts[k]`` (``loader.stages.pipeline.Resume``).
 
     Row i (delivery order) is row ``row[i]`` of ``sources[source[i]]``; step k holds rows
     ``step_bounds[k]:step_bounds[k + 1]`` and its microbatch j rows ``mb_bounds[k*M + j]:...[+1]``.
@@ -36,6 +37,7 @@ class RankMessage:
     rank: int
     steps: np.ndarray  # int64 (K,)
     cursors: np.ndarray  # int64 (K,)
+    window_starts: np.ndarray  # int64 (K,)
     sources: list
     source: np.ndarray  # int64 (n,)
     row: np.ndarray  # int64 (n,)
@@ -198,11 +200,13 @@ def rank_messages(
     costs = np.stack([s.loads for s in steps]).astype(np.float64)  # (K, R, M)
     step_ids = np.array([s.step for s in steps], dtype=np.int64)
     cursors = np.array([s.cursor for s in steps], dtype=np.int64)
+    window_starts = np.array([s.window_start for s in steps], dtype=np.int64)
     messages = []
     for r in range(R):
         a, b = (ends[r - 1] if r else 0), ends[r]
         messages.append(RankMessage(
-            rank=r, steps=step_ids.copy(), cursors=cursors.copy(), sources=[], source=unit[:0], row=row[:0],
+            rank=r, steps=step_ids.copy(), cursors=cursors.copy(), window_starts=window_starts.copy(), sources=[],
+            source=unit[:0], row=row[:0],
             step_bounds=step_bounds[r], mb_bounds=mb_bounds[r], costs=costs[:, r], dtypes=dtypes, items=items,
             timestamps=timestamps, unit=unit[a:b], unit_row=row[a:b],
         ))  # fmt: skip

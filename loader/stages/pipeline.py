@@ -21,16 +21,21 @@ rows of a block are visited in epoch order, invalid ones are counted under their
 batch closes at its ``samples_per_step``-th valid row. Valid rows left over at the end of a block
 (fewer than one batch) are carried, as indices, into the next block's first step.
 
-With ``config.compose`` (the default), the cut batches are gathered into composition windows of
-``config.compose_window`` steps (steps ``w*K .. w*K + K - 1`` of the epoch; the epoch's last window may be
-shorter) and :func:`balancer.compose.compose` decides which of the window's samples make up each of its
-steps, each step keeping its size; then its steps are planned together (:func:`balancer.plan_steps`: the plans of
-one :func:`balancer.plan` per step, in one call). A window's steps come out once its last
-batch is cut, so the rows of a whole window are held (:meth:`EpochRun.held_units`).
+With ``config.compose`` (the default), the cut batches are gathered into composition windows and
+:func:`balancer.compose.compose` decides which of the window's samples make up each of its steps, each step
+keeping its size; then its steps are planned together (:func:`balancer.plan_steps`: the plans of one
+:func:`balancer.plan` per step, in one call). A composition window never spans two shuffle blocks: the steps
+that close in a block (their last row is in it) form windows of ``config.compose_window`` (K) steps, the block's
+last window taking the rest (K to 2K - 1 steps; a block closing fewer than K steps is one window), and the
+epoch's last window also takes its short batch. So once a block is cut, all of its steps are out but those of
+its last few rows, carried into the next block's first step: the rows of the blocks before are held only by the
+steps queued for the ranks (:meth:`EpochRun.held_units`), not by a window still open across the boundary. By
+default a shuffle block holds at least one window's rows (:attr:`LoaderConfig.window`).
 
-Resuming needs only (step, cursor): ``cursor`` is where the window holding step ``step`` starts (a
-step's :attr:`Batch.cursor` is its window's start, the last step's the window's end), so a resumed run
-cuts that window again, composes it again, identically, and skips the steps already delivered.
+Resuming needs (step, cursor, window_start): ``cursor`` is where the window holding step ``step`` starts and
+``window_start`` its first step (a step's :attr:`Batch.cursor` is its window's start, the last step's the
+window's end), so a resumed run cuts that window again, composes it again, identically (a window's steps are a
+function of the rows from its start to its block's end), and skips the steps already delivered.
 """
 
 from __future__ import annotations
@@ -56,10 +61,17 @@ from loader.stages.stats import Counts
 
 @dataclass(frozen=True)
 class Resume:
-    """Where an epoch starts: after ``step`` steps, at epoch position ``cursor``."""
+    """Where an epoch starts: after ``step`` steps; ``cursor`` is the epoch position where the composition window
+    holding step ``step`` starts, and ``window_start`` that window's first step (<= ``step``)."""
 
     step: int = 0
     cursor: int = 0
+    window_start: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.window_start <= self.step:
+            raise ValueError(f"resume window_start {self.window_start} must be in [0, step={self.step}]: the first "
+                             "step of the composition window that holds the step resumed at")
 
 
 class Visited(NamedTuple):
@@ -87,7 +99,8 @@ class Batch:
     Sample i (batch order) is valid row ``row[i]`` of unit ``unit[i]``, ``lengths[i]`` events,
     home node ``home[i]`` (-1 without a node layout), ``moved[i]`` steps away from the step of the
     shuffled order that it was cut into (0 without composition). ``counts`` is what the order passed for
-    the step cut at this place; ``cursor`` is where a run resumes after the step (see the module docstring).
+    the step cut at this place; a run resumes after the step at ``cursor``, re-cutting the window whose first
+    step is ``window_start`` (:meth:`resume_after`; see the module docstring).
     """
 
     epoch: int
@@ -99,6 +112,11 @@ class Batch:
     home: np.ndarray  # int64 (n,)
     moved: np.ndarray  # int64 (n,)
     counts: Counts
+    window_start: int
+
+    def resume_after(self) -> Resume:
+        """Where a run resumes once this step is delivered."""
+        return Resume(self.step + 1, self.cursor, self.window_start)
 
 
 @dataclass
@@ -149,7 +167,7 @@ class EpochRun:
         if not 0 <= start.cursor <= self.order.rows:
             raise ValueError(f"resume cursor {start.cursor} is outside epoch {epoch} of {self.order.rows} rows")
         self.start = start
-        self.step = start.step - start.step % config.window_steps  # the resumed window is cut again
+        self.step = start.window_start  # the resumed window is cut again
         self.cursor = start.cursor  # first position not yet visited
         self.window: list[Batch] = []  # cut steps of the composition window still open
         self.window_cursor = start.cursor  # where it starts
@@ -203,10 +221,16 @@ class EpochRun:
         yield from self._last_window()
 
     def _windows(self, block: int, metas: list[UnitMeta]) -> Iterator[list[Batch]]:
-        """The composition windows that the block's rows close, their steps cut and composed."""
-        for batch in self._cut(block, metas):
+        """The composition windows of the steps that close in the block, cut and composed: ``window_steps`` steps
+        each, the last taking the rest (up to twice as many), so that no window spans two blocks (the epoch's last
+        window, which also takes its short batch, is closed by :meth:`_last_window`)."""
+        batches = list(self._cut(block, metas))
+        last = block == self.order.blocks - 1
+        for i, batch in enumerate(batches):
             self.window.append(batch)
-            if len(self.window) == self.config.window_steps:
+            rest = len(batches) - i - 1
+            if (len(self.window) >= self.config.window_steps and rest >= self.config.window_steps) or (
+                    rest == 0 and not last):
                 yield self._close_window()
 
     def _last_window(self) -> list[Batch]:
@@ -291,7 +315,7 @@ class EpochRun:
     def _batch(self, batch: Visited, counts: Counts) -> Batch:
         """The next step's :class:`Batch`; the step counter moves on."""
         cut = Batch(self.epoch, self.step, self.cursor, batch.unit, batch.row, batch.length, batch.home,
-                    np.zeros_like(batch.length), counts)
+                    np.zeros_like(batch.length), counts, window_start=self.step + 1)
         self.step += 1
         return cut
 
@@ -312,9 +336,9 @@ class EpochRun:
         moved = composition.moved()
         steps = []
         for k, (batch, members) in enumerate(zip(window, composition.members())):
-            cursor = batch.cursor if k == len(window) - 1 else start
+            cursor, first = (batch.cursor, batch.step + 1) if k == len(window) - 1 else (start, window[0].step)
             steps.append(Batch(batch.epoch, batch.step, cursor, unit[members], row[members], lengths[members],
-                               home[members], moved[members], batch.counts))
+                               home[members], moved[members], batch.counts, window_start=first))
         return steps
 
     def _planned(self, window: list[Batch]) -> list[PlannedStep]:

@@ -1,8 +1,13 @@
-"""Resumable state: five integers, JSON-able; the epoch order is recomputed from them.
+"""Resumable state: seven integers, JSON-able; the epoch order is recomputed from them.
 
-``{"seed", "epoch", "step", "cursor", "fingerprint"}``: ``step`` steps of epoch ``epoch`` were
-delivered, and the next one starts at position ``cursor`` of the epoch order. ``fingerprint`` (see
-:func:`loader.config.fingerprint`) ties the state to the data and the arguments that shaped it.
+``{"version", "seed", "epoch", "step", "cursor", "window_start", "fingerprint"}``: ``step`` steps of epoch ``epoch``
+were delivered; the composition window holding the next one starts at position ``cursor`` of the epoch order and
+with step ``window_start`` (a resumed run cuts and composes that window again, identically, and skips its steps
+already delivered). ``fingerprint`` (see :func:`loader.config.fingerprint`) ties the state to the data and the
+arguments that shaped it.
+
+Version 2 (composition windows close at shuffle-block boundaries) added ``window_start``; a version-1 state's
+windows were ``compose_window`` steps from the epoch's start, which this loader no longer cuts.
 """
 
 from __future__ import annotations
@@ -11,8 +16,8 @@ from collections.abc import Mapping
 
 from loader.stages.pipeline import Resume
 
-VERSION = 1
-KEYS = ("version", "seed", "epoch", "step", "cursor", "fingerprint")
+VERSION = 2
+KEYS = ("version", "seed", "epoch", "step", "cursor", "window_start", "fingerprint")
 
 
 def make_state(*, seed: int, epoch: int, resume: Resume, fingerprint: int) -> dict:
@@ -22,6 +27,7 @@ def make_state(*, seed: int, epoch: int, resume: Resume, fingerprint: int) -> di
         "epoch": epoch,
         "step": resume.step,
         "cursor": resume.cursor,
+        "window_start": resume.window_start,
         "fingerprint": fingerprint,
     }
 
@@ -30,6 +36,12 @@ def read_state(state: Mapping, *, seed: int, fingerprint: int, rows: int) -> tup
     """(epoch, resume point) of a saved state; ValueError when it does not fit this loader."""
     if not isinstance(state, Mapping):
         raise ValueError(f"state must be the dict state_dict() returned, got {type(state).__name__}")
+    if state.get("version") == 1:
+        raise ValueError(
+            "state version 1 was saved by a FreeScale whose composition windows could span shuffle blocks; this "
+            "version (2) cuts them at block boundaries, so it cannot replay that run's batches: resume it with the "
+            "FreeScale that saved it, or start the epoch afresh"
+        )
     missing = [key for key in KEYS if key not in state]
     if missing:
         raise ValueError(f"state lacks {', '.join(missing)}; pass the dict state_dict() returned")
@@ -52,4 +64,7 @@ def read_state(state: Mapping, *, seed: int, fingerprint: int, rows: int) -> tup
         )
     if state["cursor"] > rows:
         raise ValueError(f"state cursor {state['cursor']} is past the {rows} rows of an epoch")
-    return state["epoch"], Resume(step=state["step"], cursor=state["cursor"])
+    if state["window_start"] > state["step"]:
+        raise ValueError(f"state window_start {state['window_start']} is past its step {state['step']}; pass the "
+                         "dict state_dict() returned")
+    return state["epoch"], Resume(step=state["step"], cursor=state["cursor"], window_start=state["window_start"])

@@ -19,6 +19,7 @@ def rank_message_ref(steps, rank, microbatches):
     return dict(
         steps=np.array([s.step for s in steps], dtype=np.int64),
         cursors=np.array([s.cursor for s in steps], dtype=np.int64),
+        window_starts=np.array([s.window_start for s in steps], dtype=np.int64),
         unit=np.concatenate([s.unit[p] for s, p in zip(steps, picks)]),
         unit_row=np.concatenate([s.row[p] for s, p in zip(steps, picks)]),
         step_bounds=np.concatenate([[0], np.cumsum([len(p) for p in picks])]).astype(np.int64),
@@ -60,7 +61,7 @@ def steps(draw):
         order = np.argsort(bin_of, kind="stable").astype(np.int64)
         bins = np.concatenate([[0], np.cumsum(np.bincount(bin_of, minlength=R * M))]).astype(np.int64)
         out.append(PlannedStep(
-            epoch=0, step=10 + k, cursor=100 * k, unit=rng.integers(0, units, n).astype(np.int64),
+            epoch=0, step=10 + k, cursor=100 * k, window_start=10 + k - k % 2, unit=rng.integers(0, units, n).astype(np.int64),
             row=rng.integers(0, 50, n).astype(np.int64), lengths=rng.integers(1, 9, n).astype(np.int64),
             home=np.full(n, -1, dtype=np.int64), moved=np.zeros(n, dtype=np.int64), counts=Counts(),
             order=order, bins=bins, loads=rng.random((R, M)), planner_seconds=0.0, metrics={},

@@ -225,10 +225,13 @@ def test_resume_after_every_step_in_process(data):
         assert_resume_equal(data, KWARGS, stop_after=stop_after, spawn=False)
 
 
-@pytest.mark.parametrize("window", [1, 3])
-def test_resume_inside_and_between_composition_windows(data, window):
+@pytest.mark.parametrize("window, shuffle_window", [(1, 45), (3, 45), (2, 200), (3, 100)])
+def test_resume_inside_and_between_composition_windows(data, window, shuffle_window):
+    # 45 rows: blocks of about two steps, each one short window; 200: one block of windows of 2 steps, the last
+    # taking the rest; 100: two blocks, each a window of 3 steps and one of 3-5
     for stop_after in range(0, 10):
-        assert_resume_equal(data, {**KWARGS, "compose_window": window}, stop_after=stop_after, spawn=False)
+        assert_resume_equal(data, {**KWARGS, "compose_window": window, "shuffle_window": shuffle_window},
+                            stop_after=stop_after, spawn=False)
 
 
 def test_row_groups_in_parts_keep_their_parts_in_row_order_exactly_once_and_resume(data, monkeypatch):
@@ -260,21 +263,24 @@ def test_units_in_is_the_ascending_set_of_units(arrays):
     assert units_in(iter(arrays), 20).tolist() == want  # a generator, as the control plane passes
 
 
-def test_held_units_are_those_of_the_carried_rows_and_the_open_window(data):
-    """What the control plane keeps the handles of after each block (``Messages.forget_read``)."""
+def test_held_units_are_those_of_the_carried_rows_once_a_block_is_cut(data):
+    """What the control plane keeps the handles of after each block (``Messages.forget_read``): no composition
+    window stays open across a block's end, so only the rows carried into the next block's first step (and the
+    steps not yet sent, ``also``) hold units; the last block's window stays open for the epoch's short batch."""
     index = sources.index_source(data)
-    with SequenceLoader(data, **{**KWARGS, "shuffle_window": 16}) as loader:
+    with SequenceLoader(data, **{**KWARGS, "shuffle_window": 60, "compose_window": 2}) as loader:
         run = EpochRun(index, loader.config, epoch=0)
     metas = [read_unit(index, u, max_seq_len=None, skip_corrupt=False).meta() for u in range(len(index.units))]
-    seen_window = False
+    carried = 0
     for block in range(run.order.blocks):
         planned = list(run.feed(block, [metas[u] for u in run.units(block)]))
+        assert (not run.window) == (block < run.order.blocks - 1)
         rows = [run.pending.unit, *(batch.unit for batch in run.window)]
-        seen_window |= bool(run.window)
+        carried += bool(len(run.pending.unit))
         assert run.held_units().tolist() == sorted(set(np.concatenate(rows).tolist()))
         also = [step.unit for step in planned]
         assert run.held_units(also).tolist() == sorted(set(np.concatenate(rows + also).tolist()))
-    assert seen_window  # a window was open at some block's end: the check saw more than carried rows
+    assert run.order.blocks >= 3 and carried  # rows were carried across some block's end
 
 
 def test_resume_across_processes_and_epochs(data):
@@ -291,14 +297,16 @@ def test_state_is_small_and_checked(data):
             next(it)
         state = loader.state_dict()
     assert fresh["step"] == fresh["cursor"] == fresh["epoch"] == 0
-    assert set(state) == {"version", "seed", "epoch", "step", "cursor", "fingerprint"} and state["step"] == 1
+    assert set(state) == {"version", "seed", "epoch", "step", "cursor", "window_start", "fingerprint"}
     # step 1 lies in the first composition window (16 steps), which a resumed run cuts again from position 0
-    assert state["cursor"] == 0 and all(isinstance(v, int) for v in state.values())
+    assert state["step"] == 1 and state["cursor"] == state["window_start"] == 0
+    assert all(isinstance(v, int) for v in state.values())
     with SequenceLoader(data, **{**KWARGS, "compose": False}) as plain:
         it = plain.iter_rank(1)
         for _ in range(3):
             next(it)
-        assert 23 <= plain.state_dict()["cursor"] < 200  # without composition: right after the step
+        after = plain.state_dict()
+        assert 23 <= after["cursor"] < 200 and after["window_start"] == 1  # without composition: right after the step
     with SequenceLoader(data, **{**KWARGS, "seed": 12}) as other:
         with pytest.raises(ValueError, match="state was saved with seed=11, this loader has seed=12"):
             other.load_state_dict(state)
@@ -310,6 +318,11 @@ def test_state_is_small_and_checked(data):
             same.load_state_dict({k: v for k, v in state.items() if k != "cursor"})
         with pytest.raises(ValueError, match=r"state\['step'\] must be a non-negative integer, got -1"):
             same.load_state_dict({**state, "step": -1})
+        with pytest.raises(ValueError, match="state window_start 2 is past its step 1"):
+            same.load_state_dict({**state, "window_start": 2})
+        old = {k: v for k, v in state.items() if k != "window_start"}
+        with pytest.raises(ValueError, match="state version 1 was saved by a FreeScale whose composition windows"):
+            same.load_state_dict({**old, "version": 1})
 
 
 def test_locality_plans_are_exact_deterministic_and_resume(data):

@@ -1,0 +1,78 @@
+"""Composition windows against shuffle blocks (loader.stages.pipeline): no window spans two blocks, every window
+has compose_window steps but a block's last (up to twice as many) and the epoch's last, and a run resumed after any
+step from the point its batch names cuts and composes the same remaining steps."""
+
+from types import SimpleNamespace
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from loader.config import DEFAULT_SHUFFLE_WINDOW, LoaderConfig
+from loader.stages.clean import VALID, UnitMeta
+from loader.stages.pipeline import EpochRun, Resume
+
+INVALID = 1  # any status but VALID: a skipped row
+
+
+def _source(rows: list[int], seed: int):
+    """An index of units with ``rows`` rows (each its own row group) and their metas: about one row in seven
+    invalid, lengths 1-40."""
+    rng = np.random.default_rng(seed)
+    metas = []
+    for n in rows:
+        status = np.where(rng.random(n) < 0.15, INVALID, VALID).astype(np.int8)
+        valid = int(np.count_nonzero(status == VALID))
+        metas.append(UnitMeta(status, rng.integers(1, 41, valid).astype(np.int32), np.zeros(valid, dtype=np.int32)))
+    index = SimpleNamespace(units=[SimpleNamespace(rows=n) for n in rows], groups=np.arange(len(rows)))
+    return index, metas
+
+
+def _run(index, metas, config: LoaderConfig, start: Resume = Resume()) -> list[tuple[int, list]]:
+    """(block, batches) of each block's feed, then (-1, the last window's batches); steps before ``start.step``
+    left out, as a resumed run leaves them."""
+    run = EpochRun(index, config, epoch=0, start=start)
+    out = [(block, list(run.batches(block, [metas[u] for u in run.units(block)]))) for block in run.blocks()]
+    return [*out, (-1, list(run.last_batch()))]
+
+
+def _key(batch) -> tuple:
+    return batch.step, batch.unit.tolist(), batch.row.tolist(), batch.cursor, batch.window_start
+
+
+@given(rows=st.lists(st.integers(0, 40), min_size=1, max_size=12), size=st.integers(1, 12),
+       window=st.integers(1, 5), shuffle_window=st.integers(1, 90), compose=st.booleans(),
+       drop_last=st.booleans(), seed=st.integers(0, 2**32))
+@settings(max_examples=60, deadline=None)
+def test_windows_stay_in_their_block_and_resume_exactly(rows, size, window, shuffle_window, compose, drop_last, seed):
+    index, metas = _source(rows, seed)
+    config = LoaderConfig(ranks=1, microbatches=1, samples_per_step=size, compose_window=window, compose=compose,
+                          shuffle_window=shuffle_window, drop_last=drop_last, seed=seed % 1000, backend="inline")
+    fed = _run(index, metas, config)
+    steps = [batch for _, batches in fed for batch in batches]
+    assert [b.step for b in steps] == list(range(len(steps)))
+    K = config.window_steps
+    for block, batches in fed:
+        windows: list[list] = []  # a window's steps name its first step (the last: the next window's)
+        for batch in batches:
+            if not windows or windows[-1][-1].window_start != windows[-1][0].step:
+                windows.append([])
+            windows[-1].append(batch)
+        assert all(w[-1].window_start == w[-1].step + 1 for w in windows)  # every window of the feed closed in it
+        assert all(b.window_start == w[0].step for w in windows for b in w[:-1])
+        sizes = [len(w) for w in windows]
+        if block >= 0 and sizes:
+            assert all(n == K for n in sizes[:-1]) and (sizes[-1] < 2 * K if len(sizes) > 1 else True)
+            assert len(sizes) == 1 or sizes[-1] >= K
+    for after in steps:  # resume after every step: the same remaining steps, from the point the batch names
+        rest = [b for _, batches in _run(index, metas, config, after.resume_after()) for b in batches]
+        assert [_key(b) for b in rest] == [_key(b) for b in steps[after.step + 1:]]
+
+
+def test_the_default_shuffle_block_holds_a_composition_window():
+    small = LoaderConfig(ranks=2, microbatches=2, samples_per_step=1024)
+    assert small.window == DEFAULT_SHUFFLE_WINDOW == small.compose_window * 1024
+    large = LoaderConfig(ranks=2, microbatches=2, samples_per_step=4096)
+    assert large.window == 16 * 4096  # one window of 16 steps: composition is not cut short by the blocks
+    assert LoaderConfig(ranks=2, microbatches=2, samples_per_step=4096, compose=False).window == DEFAULT_SHUFFLE_WINDOW
+    assert LoaderConfig(ranks=2, microbatches=2, samples_per_step=4096, shuffle_window=5000).window == 5000
