@@ -222,15 +222,15 @@ class EpochRun:
 
     def _windows(self, block: int, metas: list[UnitMeta]) -> Iterator[list[Batch]]:
         """The composition windows of the steps that close in the block, cut and composed: ``window_steps`` steps
-        each, the last taking the rest (up to twice as many), so that no window spans two blocks (the epoch's last
-        window, which also takes its short batch, is closed by :meth:`_last_window`)."""
+        each, the last taking the rest (up to twice as many), so that no window spans two blocks. The epoch's short
+        batch counts as a step of the last block: the window it ends stays open for :meth:`_last_window`."""
         batches = list(self._cut(block, metas))
-        last = block == self.order.blocks - 1
+        short = block == self.order.blocks - 1 and len(self.pending.unit) > 0 and not self.config.drop_last
+        steps, size = len(batches) + short, self.config.window_steps
         for i, batch in enumerate(batches):
             self.window.append(batch)
-            rest = len(batches) - i - 1
-            if (len(self.window) >= self.config.window_steps and rest >= self.config.window_steps) or (
-                    rest == 0 and not last):
+            rest = steps - i - 1
+            if (len(self.window) >= size and rest >= size) or rest == 0:
                 yield self._close_window()
 
     def _last_window(self) -> list[Batch]:

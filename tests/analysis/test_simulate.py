@@ -187,7 +187,8 @@ def replayed_bins(data: Path, planner: str, steps: int) -> np.ndarray:
     with tempfile.TemporaryDirectory() as tmp:
         write_training_split(read_histories(data), Path(tmp) / "train")
         with SequenceLoader(str(Path(tmp) / "train"), ranks=RANKS, microbatches=M, samples_per_step=G,
-                            max_seq_len=MAX_LEN, seed=0, backend="inline", planner=planner, num_readers=1) as loader:
+                            max_seq_len=MAX_LEN, seed=0, backend="inline", planner=planner, num_readers=1,
+                            compose=planner != "naive") as loader:  # as TrainConfig.batch: naive plans uncomposed steps
             for r in range(RANKS):
                 for i, mb in enumerate(loader.iter_rank(r, 0)):
                     k, j = divmod(i, M)

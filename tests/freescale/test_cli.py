@@ -43,7 +43,7 @@ def test_plan_compose_flags_reach_the_loader(tmp_path, capsys):
         if name == "off":
             assert "(the loader's steps, not composed: the plain shuffled order's)" in text and moved.max() == 0
         else:
-            assert 0 < moved.max() < 4  # within windows of 4 steps
+            assert 0 < moved.max() <= 6  # within windows of 4 steps (a block's last: up to 7)
             assert (f"composed across windows of 4 steps: samples moved {moved.mean():.2f} steps on average, at most "
                     f"{moved.max()}; naive plans the plain shuffled order's") in text
     def untimed(summary: dict) -> dict:
@@ -93,11 +93,13 @@ def test_epoch_lengths_holds_the_shuffled_order_and_how_far_samples_moved(tmp_pa
     assert plain.shuffled is plain.steps and all(not m.any() for m in plain.moved)
     assert [len(m) for m in epoch.moved] == [len(s) for s in epoch.steps] == [len(s) for s in plain.steps]
     moved = np.concatenate(epoch.moved)
-    assert 0 < moved.max() < 4 and epoch.counts == plain.counts
-    for start in range(0, len(epoch.steps), 4):  # each window holds the same samples, composed differently
-        window = slice(start, start + 4)
-        np.testing.assert_array_equal(np.sort(np.concatenate(epoch.steps[window])),
-                                      np.sort(np.concatenate(plain.steps[window])))
+    assert 0 < moved.max() <= 6 and epoch.counts == plain.counts
+    # each window (4 steps, a block's last up to 7) holds the same samples as in the shuffled order, composed
+    # differently: the steps before every window's end hold the shuffled order's samples
+    ends = [k for k in range(len(epoch.steps) + 1)
+            if sorted(np.concatenate([[0], *epoch.steps[:k]]).tolist())
+            == sorted(np.concatenate([[0], *plain.steps[:k]]).tolist())]
+    assert ends[-1] == len(epoch.steps) and max(np.diff(ends)) <= 7 and len(ends) > 2
     assert any(not np.array_equal(a, b) for a, b in zip(epoch.steps, plain.steps))
 
 

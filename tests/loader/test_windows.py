@@ -52,18 +52,21 @@ def test_windows_stay_in_their_block_and_resume_exactly(rows, size, window, shuf
     steps = [batch for _, batches in fed for batch in batches]
     assert [b.step for b in steps] == list(range(len(steps)))
     K = config.window_steps
-    for block, batches in fed:
-        windows: list[list] = []  # a window's steps name its first step (the last: the next window's)
-        for batch in batches:
-            if not windows or windows[-1][-1].window_start != windows[-1][0].step:
-                windows.append([])
-            windows[-1].append(batch)
-        assert all(w[-1].window_start == w[-1].step + 1 for w in windows)  # every window of the feed closed in it
-        assert all(b.window_start == w[0].step for w in windows for b in w[:-1])
-        sizes = [len(w) for w in windows]
-        if block >= 0 and sizes:
-            assert all(n == K for n in sizes[:-1]) and (sizes[-1] < 2 * K if len(sizes) > 1 else True)
-            assert len(sizes) == 1 or sizes[-1] >= K
+    block_of = {b.step: block for block, batches in fed for b in batches}  # -1: the epoch's short batch
+    windows: list[list] = []  # a step names its window's first step; a window's last, the next window's
+    for b in steps:
+        if not windows or windows[-1][-1].window_start == windows[-1][-1].step + 1:
+            windows.append([])
+        windows[-1].append(b)
+    assert all(b.window_start == w[0].step for w in windows for b in w[:-1])
+    assert not steps or windows[-1][-1].window_start == len(steps)
+    for w in windows:  # one block's steps (the epoch's last window: also the short batch, or it alone), <= 2K - 1
+        blocks = {block_of[b.step] for b in w}
+        assert (len(blocks - {-1}) <= 1 if w is windows[-1] else len(blocks) == 1 and -1 not in blocks)
+        assert len(w) <= 2 * K - 1
+    for block in {block_of[w[0].step] for w in windows}:
+        sizes = [len(w) for w in windows if block_of[w[0].step] == block]
+        assert all(n == K for n in sizes[:-1]) and (len(sizes) == 1 or sizes[-1] >= K)
     for after in steps:  # resume after every step: the same remaining steps, from the point the batch names
         rest = [b for _, batches in _run(index, metas, config, after.resume_after()) for b in batches]
         assert [_key(b) for b in rest] == [_key(b) for b in steps[after.step + 1:]]
