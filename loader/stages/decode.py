@@ -37,9 +37,13 @@ from loader.stages.passes import PASSES
 # What pyarrow raises for pages that do not decode (bad compression, garbled encodings, short reads).
 _DECODE_ERRORS = (pa.ArrowException, OSError)
 READ_AHEAD_BYTES = 512 << 20  # decoded units read ahead of the current shuffle block, at most (one at least)
-SLICE_BYTES = 32 << 20  # a part is decoded about this many bytes at a time (docs/benchmarks.md "Row groups in
-STREAM_BUFFER = 1 << 20  # parts"); its pages read through a buffer of this many bytes from a local file,
-REMOTE_BUFFER = 8 << 20  # and of this many from object storage (one request each)
+# A part is decoded about SLICE_BYTES at a time (docs/benchmarks.md "Row groups in parts", and "Composition windows
+# closed at block boundaries": 16 MiB held 100-170 MiB less than 32 on 0.5 GB row groups at the same CPU), its pages
+# read through a buffer of STREAM_BUFFER bytes from a local file, and of REMOTE_BUFFER from object storage (one
+# request each).
+SLICE_BYTES = 16 << 20
+STREAM_BUFFER = 1 << 20
+REMOTE_BUFFER = 8 << 20
 REMOTE_PASS_BYTES = 512 << 20  # a row group on object storage read in parts is fetched whole up to this size
 
 

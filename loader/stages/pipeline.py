@@ -99,8 +99,8 @@ class Batch:
     Sample i (batch order) is valid row ``row[i]`` of unit ``unit[i]``, ``lengths[i]`` events,
     home node ``home[i]`` (-1 without a node layout), ``moved[i]`` steps away from the step of the
     shuffled order that it was cut into (0 without composition). ``counts`` is what the order passed for
-    the step cut at this place; a run resumes after the step at ``cursor``, re-cutting the window whose first
-    step is ``window_start`` (:meth:`resume_after`; see the module docstring).
+    the step cut at this place; after the step a run resumes at ``Resume(step + 1, cursor, window_start)``:
+    ``cursor`` and ``window_start`` are where the window to cut again starts (see the module docstring).
     """
 
     epoch: int
@@ -113,10 +113,6 @@ class Batch:
     moved: np.ndarray  # int64 (n,)
     counts: Counts
     window_start: int
-
-    def resume_after(self) -> Resume:
-        """Where a run resumes once this step is delivered."""
-        return Resume(self.step + 1, self.cursor, self.window_start)
 
 
 @dataclass
