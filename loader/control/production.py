@@ -99,6 +99,8 @@ async def deliver(service: Service, run: Run, deliveries: asyncio.Queue) -> None
                 stats.record(planned)
             run.produced = steps[-1].step + 1
             for rank, message in enumerate(messages):
+                if rank not in run.finished and holds_back(run, rank):
+                    run.leave_out_absent()
                 if rank not in run.finished:
                     run.blocked_on = rank
                     await run.queues[rank].put(Step(message))
@@ -114,6 +116,14 @@ async def deliver(service: Service, run: Run, deliveries: asyncio.Queue) -> None
         raise
     except Exception as exc:
         run.fail(exc)
+
+
+def holds_back(run: Run, rank: int) -> bool:
+    """With every rank here: whether ``rank``, which has not opened the run, would hold the producer back while a
+    rank that iterates has nothing queued (the Service leaves it out then: the other side of the check a rank's
+    ``next`` makes when it finds its queue empty, for a rank that asked before the producer was held)."""
+    return (run.here and rank not in run.joined and run.queues[rank].full()
+            and any(run.queues[r].empty() for r in run.joined - run.finished))
 
 
 class Messages:

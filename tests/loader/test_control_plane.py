@@ -13,6 +13,9 @@ from loader import SequenceLoader
 from loader.backends import inline as inline_backend
 from loader.config import LoaderConfig
 from loader.control import runs
+from loader.control.production import holds_back
+from loader.control.protocol import Wait
+from loader.control.stream import Stream
 from loader.stages import pipeline
 from loader.stages.stats import Stats
 
@@ -94,6 +97,10 @@ def test_inline_ranks_iterated_together_share_one_pass_and_a_rank_alone_is_not_h
         return real(index, unit, **kwargs)
 
     monkeypatch.setattr(inline_backend, "read_unit", counted)
+    waits = []
+    take = Stream.take
+    monkeypatch.setattr(Stream, "take", lambda self, rank: (reply := take(self, rank), isinstance(reply, Wait)
+                                                            and waits.append(reply.why))[0])
     with SequenceLoader(data, backend="inline", **KWARGS) as loader:
         steps = collect(loader)
         assert sorted(reads) == list(range(8))  # every row group read once for both ranks
@@ -101,6 +108,27 @@ def test_inline_ranks_iterated_together_share_one_pass_and_a_rank_alone_is_not_h
         alone = [record(mb) for mb in loader.iter_rank(1)]  # one process per rank: rank 0 is never iterated
         assert sorted(reads) == list(range(8))
     assert alone == [mb for step in steps for mb in step[1]]
+    assert not waits  # rank 0 was left out as soon as it held rank 1 back, never after a poll of POLL_S
+
+
+def test_an_absent_rank_holds_back_only_with_every_rank_here_a_full_queue_and_an_iterating_rank_waiting():
+    run = runs.Run(0, runs.RunKey(0), 3, 1, Stats(3, []), here=True, retire=lambda run: None)
+    run.joined = {1, 2}
+    run.queues[0].put_nowait("a step")
+    run.queues[2].put_nowait("a step")
+    assert holds_back(run, 0)  # rank 1 waits with nothing queued
+    assert not holds_back(run, 1)  # (a rank that iterates is waited for)
+    run.queues[1].put_nowait("a step")
+    assert not holds_back(run, 0)  # every rank that iterates has a step queued
+    run.queues[1].get_nowait()
+    run.finished = {1}
+    assert not holds_back(run, 0)  # a finished rank waits for nothing
+    run.finished = set()
+    run.queues[0].get_nowait()
+    assert not holds_back(run, 0)  # room in the absent rank's queue: nothing is held
+    run.queues[0].put_nowait("a step")
+    run.here = False
+    assert not holds_back(run, 0)  # ranks in other processes are waited for (liveness names a dead one)
 
 
 def test_a_wait_while_the_planner_compiles_says_so_instead_of_blaming_the_ranks(monkeypatch):
