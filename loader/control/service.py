@@ -52,8 +52,9 @@ class Service:
     ``here``: every rank runs in this process, at ``here`` (the inline backend). A run then plans as
     soon as a rank opens it (the layout is known), and a rank that has not opened it is left out of
     it (its queue dropped) once it holds the others back: when a rank that iterates finds its queue
-    empty while the producer waits on the absent rank's full queue, or when every rank that iterates
-    has finished. Ranks iterated at the same time share one pass over the epoch; a rank iterated
+    empty while the producer waits on the absent rank's full queue, or the producer finds that queue
+    full while a rank that iterates has nothing queued (:func:`loader.control.production.holds_back`),
+    or when every rank that iterates has finished. Ranks iterated at the same time share one pass over the epoch; a rank iterated
     later (or never, as in one process per rank) gets a pass of its own.
     """
 
