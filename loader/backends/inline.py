@@ -81,7 +81,7 @@ class InlineClient:
         warm_up(config)
 
     def open(self, ranks: tuple[int, ...], epoch: int, start: Resume) -> Stream:
-        return Stream(self.calls, ranks, RunKey(epoch, start.step, start.cursor, start.window_start), HERE)
+        return Stream(self.calls, ranks, RunKey(epoch, start), HERE)
 
     def stats(self) -> dict:
         return self.calls.submit(self._stats).result()

@@ -590,7 +590,7 @@ class RayClient:
                                   "owner, the process that created it, or its node is gone)") from None
 
     def open(self, ranks: tuple[int, ...], epoch: int, start: Resume) -> RayStream:
-        return RayStream(self, ranks, RunKey(epoch, start.step, start.cursor, start.window_start))
+        return RayStream(self, ranks, RunKey(epoch, start))
 
     def stats(self) -> dict:
         return self.get(self.control.stats())

@@ -39,7 +39,7 @@ async def bury(readers: Readers, run: Run, ranks: list[int]) -> None:
         return
     if not run.failed:
         rank = gone[0]
-        step = run.asked.get(rank, run.key.step)
+        step = run.asked.get(rank, run.key.start.step)
         if rank in dead:
             error: Exception = RankLost(rank, step, str(run.key))
         else:

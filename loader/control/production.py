@@ -26,7 +26,7 @@ from loader.control.protocol import End, Step
 from loader.control.routing import Sources
 from loader.control.runs import Run
 from loader.stages.nodes import NodeLayout
-from loader.stages.pipeline import EpochRun, PlannedStep, Resume, units_in
+from loader.stages.pipeline import EpochRun, PlannedStep, units_in
 
 if TYPE_CHECKING:
     from loader.control.service import Service
@@ -50,9 +50,7 @@ async def produce(service: Service, run: Run) -> None:
         await run.all_joined.wait()
         layout, rank_keys = layout_of(config, run)
         homes = home_keys(layout, rank_keys)
-        key = run.key
-        epoch_run = EpochRun(service.index, config, epoch=key.epoch,
-                             start=Resume(key.step, key.cursor, key.window_start), layout=layout)
+        epoch_run = EpochRun(service.index, config, epoch=run.key.epoch, start=run.key.start, layout=layout)
         if config.locality:
             check_window(epoch_run)
         sources = run.sources = Sources(service.readers, len(service.index.units), rank_keys)
@@ -99,7 +97,7 @@ async def deliver(service: Service, run: Run, deliveries: asyncio.Queue) -> None
                 stats.record(planned)
             run.produced = steps[-1].step + 1
             for rank, message in enumerate(messages):
-                if rank not in run.finished and holds_back(run, rank):
+                if rank not in run.finished and run.holds_back(rank):
                     run.leave_out_absent()
                 if rank not in run.finished:
                     run.blocked_on = rank
@@ -116,14 +114,6 @@ async def deliver(service: Service, run: Run, deliveries: asyncio.Queue) -> None
         raise
     except Exception as exc:
         run.fail(exc)
-
-
-def holds_back(run: Run, rank: int) -> bool:
-    """With every rank here: whether ``rank``, which has not opened the run, would hold the producer back while a
-    rank that iterates has nothing queued (the Service leaves it out then: the other side of the check a rank's
-    ``next`` makes when it finds its queue empty, for a rank that asked before the producer was held)."""
-    return (run.here and rank not in run.joined and run.queues[rank].full()
-            and any(run.queues[r].empty() for r in run.joined - run.finished))
 
 
 class Messages:

@@ -15,23 +15,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from loader.stages.assemble import RankMessage
-from loader.stages.pipeline import kernels_warm
+from loader.stages.pipeline import Resume, kernels_warm
 from loader.control.protocol import End, Failed, Where
 from loader.stages.stats import Stats
 
 
 @dataclass(frozen=True)
 class RunKey:
-    """One pass over ``epoch`` starting after ``step`` steps at epoch position ``cursor``, where the composition window
-    starting with step ``window_start`` starts (:class:`loader.stages.pipeline.Resume`)."""
+    """One pass over ``epoch`` from ``start``."""
 
     epoch: int
-    step: int = 0
-    cursor: int = 0
-    window_start: int = 0
+    start: Resume = Resume()
 
     def __str__(self) -> str:
-        return f"epoch {self.epoch} from step {self.step}"
+        return f"epoch {self.epoch} from step {self.start.step}"
 
 
 class Run:
@@ -78,6 +75,13 @@ class Run:
                 task.cancel()
             self.retire(self)
             self.retired.set()
+
+    def holds_back(self, rank: int) -> bool:
+        """With every rank here: whether ``rank``, which has not opened the run, holds the producer back (its queue
+        is full) while a rank that iterates has nothing queued. The Service then leaves it out
+        (:meth:`leave_out_absent`), whichever side sees it first: a rank's request, or the producer about to wait."""
+        return (self.here and rank not in self.joined and self.queues[rank].full()
+                and any(self.queues[r].empty() for r in self.joined - self.finished))
 
     def leave_out_absent(self) -> None:
         """Finish the ranks that have not opened the run (every rank here: see the Service)."""

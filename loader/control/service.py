@@ -53,7 +53,7 @@ class Service:
     soon as a rank opens it (the layout is known), and a rank that has not opened it is left out of
     it (its queue dropped) once it holds the others back: when a rank that iterates finds its queue
     empty while the producer waits on the absent rank's full queue, or the producer finds that queue
-    full while a rank that iterates has nothing queued (:func:`loader.control.production.holds_back`),
+    full while a rank that iterates has nothing queued (:meth:`loader.control.runs.Run.holds_back`),
     or when every rank that iterates has finished. Ranks iterated at the same time share one pass over the epoch; a rank iterated
     later (or never, as in one process per rank) gets a pass of its own.
     """
@@ -134,7 +134,7 @@ class Service:
             run.held[rank] = held
             return Step(held)
         blocked = run.blocked_on
-        if self.here is not None and run.queues[rank].empty() and blocked is not None and blocked not in run.joined:
+        if blocked is not None and run.holds_back(blocked):
             run.leave_out_absent()  # the producer waits on a rank nobody iterates
         try:
             reply = await asyncio.wait_for(run.queues[rank].get(), timeout)

@@ -98,7 +98,7 @@ class Stream:
         self.calls = calls
         self.poll = poll
         self.ranks = ranks
-        self.want = dict.fromkeys(ranks, key.step)  # rank -> the step it asks for next
+        self.want = dict.fromkeys(ranks, key.start.step)  # rank -> the step it asks for next
         # rank -> (seconds it waited for its last message, bytes it mapped for it), told with its next request
         self.taken = dict.fromkeys(ranks, (0.0, 0))
         since, warned = time.monotonic(), False

@@ -68,11 +68,6 @@ class Resume:
     cursor: int = 0
     window_start: int = 0
 
-    def __post_init__(self) -> None:
-        if not 0 <= self.window_start <= self.step:
-            raise ValueError(f"resume window_start {self.window_start} must be in [0, step={self.step}]: the first "
-                             "step of the composition window that holds the step resumed at")
-
 
 class Visited(NamedTuple):
     """Valid rows in epoch order, each (p,) int64: ``unit`` and ``row`` (its index among the unit's valid rows),

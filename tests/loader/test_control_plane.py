@@ -13,7 +13,6 @@ from loader import SequenceLoader
 from loader.backends import inline as inline_backend
 from loader.config import LoaderConfig
 from loader.control import runs
-from loader.control.production import holds_back
 from loader.control.protocol import Wait
 from loader.control.stream import Stream
 from loader.stages import pipeline
@@ -116,19 +115,19 @@ def test_an_absent_rank_holds_back_only_with_every_rank_here_a_full_queue_and_an
     run.joined = {1, 2}
     run.queues[0].put_nowait("a step")
     run.queues[2].put_nowait("a step")
-    assert holds_back(run, 0)  # rank 1 waits with nothing queued
-    assert not holds_back(run, 1)  # (a rank that iterates is waited for)
+    assert run.holds_back(0)  # rank 1 waits with nothing queued
+    assert not run.holds_back(1)  # (a rank that iterates is waited for)
     run.queues[1].put_nowait("a step")
-    assert not holds_back(run, 0)  # every rank that iterates has a step queued
+    assert not run.holds_back(0)  # every rank that iterates has a step queued
     run.queues[1].get_nowait()
     run.finished = {1}
-    assert not holds_back(run, 0)  # a finished rank waits for nothing
+    assert not run.holds_back(0)  # a finished rank waits for nothing
     run.finished = set()
     run.queues[0].get_nowait()
-    assert not holds_back(run, 0)  # room in the absent rank's queue: nothing is held
+    assert not run.holds_back(0)  # room in the absent rank's queue: nothing is held
     run.queues[0].put_nowait("a step")
     run.here = False
-    assert not holds_back(run, 0)  # ranks in other processes are waited for (liveness names a dead one)
+    assert not run.holds_back(0)  # ranks in other processes are waited for (liveness names a dead one)
 
 
 def test_a_wait_while_the_planner_compiles_says_so_instead_of_blaming_the_ranks(monkeypatch):

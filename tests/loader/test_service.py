@@ -213,7 +213,7 @@ def test_a_restarted_group_replaces_ranks_whose_processes_died(index, monkeypatc
         await _open(service, [1], RunKey(0), where=Where("node-a", pid=11))
         first = (await _take(service, 0, old)).message
         await _take(service, 1, old)
-        after = RunKey(0, step=1, cursor=int(first.cursors[0]), window_start=int(first.window_starts[0]))  # after step 0
+        after = RunKey(0, Resume(1, int(first.cursors[0]), int(first.window_starts[0])))  # the state after step 0
         with pytest.raises(ValueError, match="already iterate"):  # rank 0's process lives: a real mistake
             await service.open([0], after, 0.2, Where("node-a", pid=20))
         dead.add(11)  # rank 1's process dies: the watch fails the run for rank 0 with a named error
