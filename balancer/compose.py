@@ -8,7 +8,10 @@ balanced; ``balancer.plan`` then plans each step as before.
 ``compose(lengths, sizes=..., ranks=R)`` takes the lengths of one window in shuffled order and the
 number of samples of each of its steps (``samples_per_step`` each, the epoch's last step shorter), and
 returns each sample's step. Every step keeps its size, so the number of steps and the batch size the
-loss and the learning-rate schedule see are unchanged. Methods:
+loss and the learning-rate schedule see are unchanged. ``pinned=p`` keeps the window's first ``p`` samples in
+its first step (a loader pins the rows carried into a shuffle block's first step from the block before, so
+that block's decoded rows are not held for later steps); the others are composed around them, their cost and
+tokens counted in that step. Methods:
 
 - ``giants`` (ours): heavy samples (costing more than ``HEAVY_SHARE`` of a rank's share of a step of
   light samples, ``heavy_threshold``) are gathered into *cores*, costliest first, so that a step holding a sample of cost ``h`` gets
@@ -51,13 +54,15 @@ TOKEN_FILL = 0.9
 class Composition:
     """The steps of one window: sample i (window order) goes to step ``step[i]``; step k holds
     ``sizes[k]`` samples. ``time`` and ``shuffled_time`` are the window's time ``sum_k max(total_k / R,
-    costliest_k)`` with these steps and with the shuffled order's."""
+    costliest_k)`` with these steps and with the shuffled order's; ``floor`` the least any steps reach, the
+    window's cost over R."""
 
     step: np.ndarray  # int64 (N,)
     sizes: np.ndarray  # int64 (K,)
     method: str
     time: float
     shuffled_time: float
+    floor: float
 
     @property
     def steps(self) -> int:
@@ -87,11 +92,12 @@ def compose(
     cost_model: CostModel | None = None,
     max_tokens: int | None = None,
     method: ComposeMethod = "giants",
+    pinned: int = 0,
 ) -> Composition:
     """The steps of a window of ``lengths`` (N,) in shuffled order, ``sizes`` (K,) samples per step.
 
-    ``max_tokens`` (with ``ranks`` x ``microbatches``) bounds each composed step's tokens; see the module
-    docstring for the methods.
+    ``max_tokens`` (with ``ranks`` x ``microbatches``) bounds each composed step's tokens; the first ``pinned``
+    samples stay in the first step; see the module docstring for the methods.
     """
     lengths = validate_lengths(lengths)
     sizes = np.asarray(sizes)
@@ -101,18 +107,22 @@ def compose(
     if int(sizes.sum()) != lengths.size:
         raise ValueError(f"sizes add up to {int(sizes.sum())} samples, but the window holds {lengths.size}")
     ranks, microbatches = positive_int("ranks", ranks), positive_int("microbatches", microbatches)
+    if isinstance(pinned, bool) or not isinstance(pinned, (int, np.integer)) or not 0 <= pinned <= sizes[0]:
+        raise ValueError(f"pinned must be an integer from 0 to the first step's {int(sizes[0])} samples, "
+                         f"got {pinned!r}")
     if method not in COMPOSERS:
         raise ValueError(f"unknown composition method {method!r}; choose one of {', '.join(COMPOSERS)}")
     costs = (cost_model or DEFAULT_COST_MODEL).cost(lengths)
     shuffled = shuffled_steps(sizes)
     shuffled_time = window_time(costs, shuffled, len(sizes), ranks)
     token_room = _token_room(lengths, sizes, ranks, microbatches, max_tokens)
-    step = COMPOSERS[method](lengths, costs, sizes, ranks, microbatches, token_room)
+    step = COMPOSERS[method](lengths, costs, sizes, ranks, microbatches, token_room, int(pinned))
     time = window_time(costs, step, len(sizes), ranks)
     tokens = np.bincount(step, weights=lengths, minlength=len(sizes))  # (K,)
+    floor = float(costs.sum()) / ranks
     if method == "giants" and (time > shuffled_time or tokens.max() > token_room):
-        return Composition(shuffled, sizes, "shuffled", shuffled_time, shuffled_time)
-    return Composition(step, sizes, method, time, shuffled_time)
+        return Composition(shuffled, sizes, "shuffled", shuffled_time, shuffled_time, floor)
+    return Composition(step, sizes, method, time, shuffled_time, floor)
 
 
 def heavy_threshold(costs: np.ndarray, sizes: np.ndarray, ranks: int) -> float:
@@ -138,50 +148,59 @@ def _threshold(ascending: np.ndarray, n_steps: int, ranks: int) -> float:
 
 
 def _giants(lengths: np.ndarray, costs: np.ndarray, sizes: np.ndarray, ranks: int, microbatches: int,
-            token_room: float) -> np.ndarray:
+            token_room: float, pinned: int) -> np.ndarray:
     n_steps = len(sizes)
     ascending = np.sort(costs)  # (N,) for both thresholds
-    heavy = np.flatnonzero(costs > _threshold(ascending, n_steps, ranks))
-    heavy = heavy[np.argsort(-costs[heavy], kind="stable")]  # costliest first, ties in window order
-    is_light = np.ones(len(costs), dtype=bool)
-    is_light[heavy] = False
+    is_light = costs <= _threshold(ascending, n_steps, ranks)  # (N,)
+    heavy = np.flatnonzero(~is_light)
+    # costliest first, ties in window order; pinned ones before the others (they make up core 0: step 0's)
+    heavy = heavy[np.lexsort((-costs[heavy], heavy >= pinned))]
     mean_light = float(costs[is_light].mean()) if is_light.any() else 0.0
     mean_light_tokens = float(lengths[is_light].mean()) if is_light.any() else 0.0
     tokens = lengths.astype(np.float64)  # (N,) as the kernels count them
-    core, n_cores = gather_cores(heavy, costs, tokens, n_steps, ranks, int(sizes.max()),
-                                 mean_light, mean_light_tokens, token_room)
+    core, n_cores = gather_cores(heavy, costs, tokens, n_steps, ranks, int(sizes.max()), mean_light,
+                                 mean_light_tokens, token_room, pinned)
     step = np.full(len(costs), -1, dtype=np.int64)
-    placed = np.zeros(n_steps, dtype=np.int64)  # (K,) core samples placed in each step
+    step[:pinned] = 0
+    placed = np.zeros(n_steps, dtype=np.int64)  # (K,) samples placed in each step: pinned, then a core's
+    placed[0] = pinned
+    taken = np.zeros(n_steps, dtype=bool)  # (K,) steps holding a core
+    taken[0] = pinned > 0
     shuffled = shuffled_steps(sizes)
     for c in range(n_cores):
-        members = heavy[core == c]  # costliest first
-        target = _nearest_free(placed, sizes, int(shuffled[members[0]]), len(members))
-        members = members[: sizes[target]]  # a core larger than every free step leaves its lightest to the fill
-        step[members] = target
-        placed[target] = len(members)
+        members = heavy[(core == c) & (heavy >= pinned)]  # costliest first
+        if not members.size:
+            continue
+        target = 0 if c == 0 and pinned else _nearest_free(taken, sizes - placed, int(shuffled[members[0]]),
+                                                             len(members))
+        members = members[: sizes[target] - placed[target]]  # a core larger than every free step leaves its
+        step[members] = target  # lightest to the fill
+        placed[target] += len(members)
+        taken[target] = True
     light = np.flatnonzero(step < 0)  # window order
     step[light] = np.repeat(np.arange(n_steps, dtype=np.int64), sizes - placed)
     repair(step, costs, tokens, light, n_steps, ranks, token_room)
     if microbatches > 1:
         bulky = _threshold(ascending, n_steps, ranks * microbatches)  # half a microbatch's share
-        even_layers(step, costs, tokens, bulky, n_steps, ranks, token_room)
+        even_layers(step, costs, tokens, bulky, n_steps, ranks, token_room, pinned)
     return step
 
 
-def _nearest_free(placed: np.ndarray, sizes: np.ndarray, home: int, count: int) -> int:
-    """The step without a core nearest to ``home`` that holds ``count`` samples (the nearer first, then
-    the earlier); the largest free step where none does."""
-    free = np.flatnonzero(placed == 0)
+def _nearest_free(taken: np.ndarray, free_slots: np.ndarray, home: int, count: int) -> int:
+    """The step not ``taken`` nearest to ``home`` with ``count`` free slots (the nearer first, then the
+    earlier); the one with the most free slots where none has as many."""
+    free = np.flatnonzero(~taken)
     distance = np.abs(free - home)
-    fitting = free[sizes[free] >= count]
+    fitting = free[free_slots[free] >= count]
     if fitting.size:
         return int(fitting[np.argmin(np.abs(fitting - home))])
-    return int(free[np.lexsort((distance, -sizes[free]))[0]])
+    return int(free[np.lexsort((distance, -free_slots[free]))[0]])
 
 
 def _outlier_delay(lengths: np.ndarray, costs: np.ndarray, sizes: np.ndarray, ranks: int, microbatches: int,
-                   token_room: float) -> np.ndarray:
-    heavy = np.flatnonzero(costs > heavy_threshold(costs, sizes, ranks))  # (H,) window order
+                   token_room: float, pinned: int) -> np.ndarray:
+    # (H,) window order; pinned samples come first, and every release is at a later position, so they stay first
+    heavy = pinned + np.flatnonzero(costs[pinned:] > heavy_threshold(costs, sizes, ranks))
     # heavy q waits for the last heavy of its group of R; an incomplete last group waits for the end
     release = np.full(len(heavy), len(costs), dtype=np.int64)
     complete = (len(heavy) // ranks) * ranks
@@ -197,7 +216,7 @@ def _outlier_delay(lengths: np.ndarray, costs: np.ndarray, sizes: np.ndarray, ra
 
 
 def _shuffled(lengths: np.ndarray, costs: np.ndarray, sizes: np.ndarray, ranks: int, microbatches: int,
-              token_room: float) -> np.ndarray:
+              token_room: float, pinned: int) -> np.ndarray:
     return shuffled_steps(sizes)
 
 

@@ -22,6 +22,8 @@ from balancer.compose import Composition, ComposeMethod, compose
 
 # Steps per composition window by default: enough steps that the heavy samples of a window fill whole steps.
 DEFAULT_COMPOSE_WINDOW = 16
+# Window times within this fraction of each other are equal (they differ by the order of float additions only).
+PIN_SLACK = 1e-9
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,11 +69,25 @@ class BatchSpec:
         """The fields as keyword arguments (``SequenceLoader(source, **spec.as_kwargs(), ...)``)."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
-    def composition(self, lengths: np.ndarray, sizes: np.ndarray, method: ComposeMethod = "giants") -> Composition:
+    def composition(self, lengths: np.ndarray, sizes: np.ndarray, method: ComposeMethod = "giants",
+                    carried: int = 0) -> Composition:
         """Which samples of a window (``lengths`` (N,) in shuffled order, ``sizes`` (K,) samples per step) make
-        up each of its steps (``method``: a reference composition instead of ours, to compare)."""
-        return compose(lengths, sizes=sizes, ranks=self.ranks, microbatches=self.microbatches,
-                       cost_model=self.cost_model, max_tokens=self.max_tokens, method=method)
+        up each of its steps (``method``: a reference composition instead of ours, to compare).
+
+        ``carried``: the window's first samples are rows carried from the shuffle block before; they stay in its
+        first step (``compose``'s ``pinned``), so that block's decoded rows are not held for the window's later
+        steps, wherever that costs no window time: where the pinned composition's time is above the floor, the
+        window is composed again without pinning, and the pinned one kept only if it is as fast.
+        """
+        def composed(pinned: int) -> Composition:
+            return compose(lengths, sizes=sizes, ranks=self.ranks, microbatches=self.microbatches,
+                           cost_model=self.cost_model, max_tokens=self.max_tokens, method=method, pinned=pinned)
+
+        pinned = composed(carried)
+        if not carried or pinned.time <= pinned.floor * (1 + PIN_SLACK):
+            return pinned
+        free = composed(0)
+        return pinned if pinned.time <= free.time * (1 + PIN_SLACK) else free
 
     def plan(self, lengths: np.ndarray, *, method: str | None = None, **locality) -> balancer.Plan:
         """``balancer.plan`` of one step's ``lengths`` with these settings (``method``: another planner than

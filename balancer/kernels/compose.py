@@ -11,14 +11,15 @@ without any rank waiting for the rank that trains it (its time is ``max(total / 
   A sample that fits no core opens the next one; once K are open, the core holding the least cost (the
   first of equal ones) gets another *layer* (its top again on every virtual rank) and takes it, so heavy
   samples pile onto steps about R at a time and every rank of a step holds about as many of them. Cores never pass ``size`` samples, nor ``token_room`` tokens
-  counting ``mean_light_tokens`` per free slot.
+  counting ``mean_light_tokens`` per free slot. Samples pinned to the first step (``balancer.compose``'s
+  ``pinned``) make up core 0 whatever their fit, and the other heavy samples may join it.
 - ``repair``: steps whose costliest sample still outweighs their total over R (a *deficit*) swap their
   lightest light samples for the costliest light samples of steps with room to spare, while the donor
   step keeps its own surplus, no swap raises a step's costliest sample, and ``token_room`` holds.
 - ``window_time``: ``sum_k max(total_k / R, costliest_k)`` of a window's steps, the figure composition keeps or
   drops its steps by.
-- ``even_layers``: steps swap *bulky* samples (each outweighing half a microbatch's share) for others so that
-  each step holds a multiple of R of them where a few swaps get there: then every rank of a step holds as
+- ``even_layers``: steps swap *bulky* samples (each outweighing half a microbatch's share; never a pinned
+  one) for others so that each step holds a multiple of R of them where a few swaps get there: then every rank of a step holds as
   many, and no rank's extra bulky microbatch sets the lockstep time.
 
 Ties go to the lower index throughout, so kernel and twin agree exactly.
@@ -33,11 +34,16 @@ from balancer.kernels.totals import pairwise_sum
 
 
 @njit(cache=True, nogil=True)
-def gather_cores(heavy, costs, lengths, n_steps, ranks, size, mean_light, mean_light_tokens, token_room):
+def gather_cores(heavy, costs, lengths, n_steps, ranks, size, mean_light, mean_light_tokens, token_room, pinned):
     """Core (0 .. n_cores-1) of each sample of ``heavy`` (H,) (indices, costliest first); returns
-    ``(core (H,) int64, n_cores)``."""
+    ``(core (H,) int64, n_cores)``.
+
+    With ``pinned`` > 0 the window's first ``pinned`` samples stay in its first step, and core 0 is that step's:
+    it holds the pinned light samples' places, tokens and cost from the start; the pinned heavy samples (those of
+    ``heavy`` below ``pinned``, listed first) go into it whatever their fit; it opens at its first heavy sample.
+    """
     room = np.zeros((n_steps, ranks))  # (K, R) virtual ranks' room
-    layer = np.zeros(n_steps)  # each core's top: the room one more layer adds to each virtual rank
+    layer = np.zeros(n_steps)  # each core's top: the room one more layer adds to each virtual rank; 0: not open
     spent = np.zeros(n_steps)  # cost each core holds
     best_rank = np.zeros(n_steps, dtype=np.int64)
     best_room = np.zeros(n_steps)
@@ -46,37 +52,54 @@ def gather_cores(heavy, costs, lengths, n_steps, ranks, size, mean_light, mean_l
     tokens = np.zeros(n_steps)
     core = np.empty(heavy.shape[0], dtype=np.int64)
     n_cores = 0
+    if pinned > 0:
+        n_cores = 1
+        is_heavy = np.zeros(costs.shape[0], dtype=np.bool_)
+        is_heavy[heavy] = True
+        for i in range(pinned):
+            if not is_heavy[i]:
+                count[0] += 1
+                tokens[0] += lengths[i]
+                total_room[0] -= costs[i]
     for k in range(heavy.shape[0]):
         i = heavy[k]
         h = costs[i]
         t = lengths[i]
         chosen = -1
-        chosen_fits = False
-        chosen_key = 0.0
-        for c in range(n_cores):
-            free = size - count[c] - 1
-            if free < 0 or best_room[c] < h or tokens[c] + t + free * mean_light_tokens > token_room:
-                continue
-            want = total_room[c] - (free + 1) * mean_light
-            if want <= 0.0:
-                continue
-            fits = want >= h
-            key = want - h if fits else -want
-            if chosen < 0 or (fits and not chosen_fits) or (fits == chosen_fits and key < chosen_key):
-                chosen, chosen_fits, chosen_key = c, fits, key
-        if chosen < 0 and n_cores < n_steps:
-            chosen = n_cores
-            n_cores += 1
+        grow = False
+        if i < pinned:
+            chosen = 0
+            grow = best_room[0] < h
+        else:
+            chosen_fits = False
+            chosen_key = 0.0
+            for c in range(n_cores):
+                free = size - count[c] - 1
+                if free < 0 or best_room[c] < h or tokens[c] + t + free * mean_light_tokens > token_room:
+                    continue
+                want = total_room[c] - (free + 1) * mean_light
+                if want <= 0.0:
+                    continue
+                fits = want >= h
+                key = want - h if fits else -want
+                if chosen < 0 or (fits and not chosen_fits) or (fits == chosen_fits and key < chosen_key):
+                    chosen, chosen_fits, chosen_key = c, fits, key
+            if chosen < 0 and n_cores < n_steps:
+                chosen = n_cores
+                n_cores += 1
+            if chosen < 0:  # every step has a core and none has room: the lightest core gets another layer
+                for c in range(n_cores):
+                    if count[c] < size and (chosen < 0 or spent[c] < spent[chosen]):
+                        chosen = c
+                grow = True
+        if layer[chosen] == 0.0:  # opens: R virtual ranks of room h
             for r in range(ranks):
                 room[chosen, r] = h
             best_rank[chosen] = 0
             best_room[chosen] = h
-            total_room[chosen] = ranks * h
+            total_room[chosen] += ranks * h
             layer[chosen] = h
-        if chosen < 0:  # every step has a core and none has room: the lightest core gets another layer
-            for c in range(n_cores):
-                if count[c] < size and (chosen < 0 or spent[c] < spent[chosen]):
-                    chosen = c
+        elif grow:
             for r in range(ranks):
                 room[chosen, r] += layer[chosen]
             best_room[chosen] += layer[chosen]
@@ -97,33 +120,48 @@ def gather_cores(heavy, costs, lengths, n_steps, ranks, size, mean_light, mean_l
     return core, n_cores
 
 
-def gather_cores_ref(heavy, costs, lengths, n_steps, ranks, size, mean_light, mean_light_tokens, token_room):
-    """Plain twin of ``gather_cores``: each core a dict of its virtual ranks' room."""
+def gather_cores_ref(heavy, costs, lengths, n_steps, ranks, size, mean_light, mean_light_tokens, token_room, pinned):
+    """Plain twin of ``gather_cores``: each core a dict of its virtual ranks' room (``None`` before it opens)."""
     cores: list[dict] = []
+    if pinned:
+        heavy_set = set(heavy.tolist())
+        lights = [i for i in range(pinned) if i not in heavy_set]
+        cores.append({"room": None, "total": -float(sum(costs[i] for i in lights)), "layer": 0.0, "spent": 0.0,
+                      "count": len(lights), "tokens": float(sum(lengths[i] for i in lights))})
     out = []
     for i in heavy.tolist():
         h, t = float(costs[i]), float(lengths[i])
-        candidates = []
-        for c, core in enumerate(cores):
-            free = size - core["count"] - 1
-            if free < 0 or max(core["room"]) < h or core["tokens"] + t + free * mean_light_tokens > token_room:
-                continue
-            want = core["total"] - (free + 1) * mean_light
-            if want > 0.0:
-                candidates.append((0, want - h, c) if want >= h else (1, -want, c))
-        if candidates:
-            chosen = min(candidates)[2]
-        elif len(cores) < n_steps:
-            cores.append({"room": [h] * ranks, "total": ranks * h, "layer": h, "spent": 0.0, "count": 0,
-                          "tokens": 0.0})
-            chosen = len(cores) - 1
+        grow = False
+        if i < pinned:
+            chosen = 0
+            grow = cores[0]["room"] is not None and max(cores[0]["room"]) < h
         else:
-            open_cores = [c for c, core in enumerate(cores) if core["count"] < size]
-            chosen = min(open_cores, key=lambda c: (cores[c]["spent"], c))
-            core = cores[chosen]
+            candidates = []
+            for c, core in enumerate(cores):
+                free = size - core["count"] - 1
+                if (free < 0 or core["room"] is None or max(core["room"]) < h
+                        or core["tokens"] + t + free * mean_light_tokens > token_room):
+                    continue
+                want = core["total"] - (free + 1) * mean_light
+                if want > 0.0:
+                    candidates.append((0, want - h, c) if want >= h else (1, -want, c))
+            if candidates:
+                chosen = min(candidates)[2]
+            elif len(cores) < n_steps:
+                cores.append({"room": None, "total": 0.0, "layer": 0.0, "spent": 0.0, "count": 0, "tokens": 0.0})
+                chosen = len(cores) - 1
+            else:
+                open_cores = [c for c, core in enumerate(cores) if core["count"] < size]
+                chosen = min(open_cores, key=lambda c: (cores[c]["spent"], c))
+                grow = True
+        core = cores[chosen]
+        if core["room"] is None:
+            core["room"] = [h] * ranks
+            core["total"] += ranks * h
+            core["layer"] = h
+        elif grow:
             core["room"] = [room + core["layer"] for room in core["room"]]
             core["total"] += ranks * core["layer"]
-        core = cores[chosen]
         r = core["room"].index(max(core["room"]))
         core["room"][r] -= h
         core["total"] -= h
@@ -238,9 +276,9 @@ def repair_ref(step, costs, lengths, light, n_steps, ranks, token_room):
 
 
 @njit(cache=True, nogil=True)
-def even_layers(step, costs, lengths, bulky, n_steps, ranks, token_room):
+def even_layers(step, costs, lengths, bulky, n_steps, ranks, token_room, pinned):
     """Bring each step's count of bulky samples (``costs > bulky``) to a multiple of R, in place on ``step``
-    (N,); returns the swaps made.
+    (N,), never moving the first ``pinned`` samples; returns the swaps made.
 
     A step holding ``n`` bulky samples gives some ranks one more of them than others, and where a bulky sample
     outweighs a microbatch's share that rank's extra microbatch sets the lockstep time. ``_layer_roles`` picks
@@ -277,7 +315,7 @@ def even_layers(step, costs, lengths, bulky, n_steps, ranks, token_room):
         offer_start[b + 1] = offer_start[b]
         if need[b] > 0:
             theirs = order[starts[b] : starts[b + 1]]
-            theirs = theirs[costs[theirs] <= bulky]
+            theirs = theirs[(costs[theirs] <= bulky) & (theirs >= pinned)]
             theirs = theirs[np.argsort(-costs[theirs], kind="mergesort")]
             offer[offer_start[b] : offer_start[b] + theirs.shape[0]] = theirs
             offer_start[b + 1] += theirs.shape[0]
@@ -288,7 +326,7 @@ def even_layers(step, costs, lengths, bulky, n_steps, ranks, token_room):
         if give <= 0:
             continue
         mine = order[starts[a] : starts[a + 1]]
-        mine = mine[(costs[mine] > bulky) & (step[mine] == a)]
+        mine = mine[(costs[mine] > bulky) & (step[mine] == a) & (mine >= pinned)]
         mine = mine[np.argsort(costs[mine], kind="mergesort")]  # cheapest bulky first
         x = 0
         for b in range(n_steps):
@@ -355,7 +393,7 @@ def _layer_roles_ref(count: list[int], ranks: int) -> list[int]:
     return need
 
 
-def even_layers_ref(step, costs, lengths, bulky, n_steps, ranks, token_room):
+def even_layers_ref(step, costs, lengths, bulky, n_steps, ranks, token_room, pinned):
     """Plain twin of ``even_layers``."""
     totals, peak, tokens, count = [0.0] * n_steps, [0.0] * n_steps, [0.0] * n_steps, [0] * n_steps
     members: list[list[int]] = [[] for _ in range(n_steps)]
@@ -371,7 +409,7 @@ def even_layers_ref(step, costs, lengths, bulky, n_steps, ranks, token_room):
         give = -need[a]
         if give <= 0:
             continue
-        mine = sorted((i for i in members[a] if costs[i] > bulky), key=lambda i: (costs[i], i))
+        mine = sorted((i for i in members[a] if costs[i] > bulky and i >= pinned), key=lambda i: (costs[i], i))
         x = 0
         for b in range(n_steps):
             if give == 0 or x >= len(mine):
@@ -379,7 +417,7 @@ def even_layers_ref(step, costs, lengths, bulky, n_steps, ranks, token_room):
             want = need[b]
             if want <= 0:
                 continue
-            theirs = sorted((j for j in members[b] if costs[j] <= bulky), key=lambda j: (-costs[j], j))
+            theirs = sorted((j for j in members[b] if costs[j] <= bulky and j >= pinned), key=lambda j: (-costs[j], j))
             y = 0
             while give > 0 and want > 0 and x < len(mine) and y < len(theirs):
                 i, j = mine[x], theirs[y]

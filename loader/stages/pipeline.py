@@ -29,8 +29,10 @@ that close in a block (their last row is in it) form windows of ``config.compose
 last window taking the rest (K to 2K - 1 steps; a block closing fewer than K steps is one window), and the
 epoch's last window also takes its short batch. So once a block is cut, all of its steps are out but those of
 its last few rows, carried into the next block's first step: the rows of the blocks before are held only by the
-steps queued for the ranks (:meth:`EpochRun.held_units`), not by a window still open across the boundary. By
-default a shuffle block holds at least one window's rows (:attr:`LoaderConfig.window`).
+steps queued for the ranks (:meth:`EpochRun.held_units`), not by a window still open across the boundary. The
+carried rows stay in that first step (:meth:`BatchSpec.composition`'s ``carried``) wherever that costs the window
+no time, so their block's rows are not held for the window's later steps either. By default a shuffle block
+holds at least one window's rows (:attr:`LoaderConfig.window`).
 
 Resuming needs (step, cursor, window_start): ``cursor`` is where the window holding step ``step`` starts and
 ``window_start`` its first step (a step's :attr:`Batch.cursor` is its window's start, the last step's the
@@ -161,6 +163,7 @@ class EpochRun:
         self.step = start.window_start  # the resumed window is cut again
         self.cursor = start.cursor  # first position not yet visited
         self.window: list[Batch] = []  # cut steps of the composition window still open
+        self.window_carried = 0  # its first samples carried from the block before (a block's first window)
         self.window_cursor = start.cursor  # where it starts
         empty = np.zeros(0, dtype=np.int64)
         self.pending = Visited(empty, empty, empty, empty, empty)  # valid rows visited but not yet in a batch
@@ -215,10 +218,13 @@ class EpochRun:
         """The composition windows of the steps that close in the block, cut and composed: ``window_steps`` steps
         each, the last taking the rest (up to twice as many), so that no window spans two blocks. The epoch's short
         batch counts as a step of the last block: the window it ends stays open for :meth:`_last_window`."""
+        carried = len(self.pending.unit)  # rows of the blocks before, the first of this block's first step
         batches = list(self._cut(block, metas))
         short = block == self.order.blocks - 1 and len(self.pending.unit) > 0 and not self.config.drop_last
         steps, size = len(batches) + short, self.config.window_steps
         for i, batch in enumerate(batches):
+            if i == 0:  # the block's first window opens (the windows before closed in their blocks)
+                self.window_carried = carried
             self.window.append(batch)
             rest = steps - i - 1
             if (len(self.window) >= size and rest >= size) or rest == 0:
@@ -313,17 +319,19 @@ class EpochRun:
     def _close_window(self) -> list[Batch]:
         """The open window's steps, composed, from the resumed step on."""
         window, self.window = self.window, []
+        carried, self.window_carried = self.window_carried, 0
         start, self.window_cursor = self.window_cursor, window[-1].cursor
         if len(window) > 1:
-            window = self._compose(window, start)
+            window = self._compose(window, start, carried)
         return [batch for batch in window if batch.step >= self.start.step]
 
-    def _compose(self, window: list[Batch], start: int) -> list[Batch]:
-        """``window``'s samples regrouped into its steps by :meth:`BatchSpec.composition`."""
+    def _compose(self, window: list[Batch], start: int, carried: int) -> list[Batch]:
+        """``window``'s samples regrouped into its steps by :meth:`BatchSpec.composition`; the first ``carried``,
+        rows carried from the block before, stay in the first step wherever that costs no time."""
         sizes = np.array([len(b.lengths) for b in window], dtype=np.int64)
         unit, row, lengths, home = (np.concatenate([getattr(b, key) for b in window])
                                     for key in ("unit", "row", "lengths", "home"))
-        composition = self.config.composition(lengths, sizes)
+        composition = self.config.composition(lengths, sizes, carried=carried)
         moved = composition.moved()
         steps = []
         for k, (batch, members) in enumerate(zip(window, composition.members())):
