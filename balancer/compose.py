@@ -171,10 +171,11 @@ def _giants(lengths: np.ndarray, costs: np.ndarray, sizes: np.ndarray, ranks: in
         members = heavy[(core == c) & (heavy >= pinned)]  # costliest first
         if not members.size:
             continue
-        target = 0 if c == 0 and pinned else _nearest_free(taken, sizes - placed, int(shuffled[members[0]]),
-                                                             len(members))
-        members = members[: sizes[target] - placed[target]]  # a core larger than every free step leaves its
-        step[members] = target  # lightest to the fill
+        home = int(shuffled[members[0]])
+        target = 0 if c == 0 and pinned else _nearest_free(taken, sizes - placed, home, len(members))
+        # a core larger than every free step leaves its lightest to the fill
+        members = members[: sizes[target] - placed[target]]
+        step[members] = target
         placed[target] += len(members)
         taken[target] = True
     light = np.flatnonzero(step < 0)  # window order
