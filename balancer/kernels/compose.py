@@ -10,17 +10,18 @@ without any rank waiting for the rank that trains it (its time is ``max(total / 
   per free slot) it fills best, on its emptiest virtual rank, so every core stays packable onto R ranks.
   A sample that fits no core opens the next one; once K are open, the core holding the least cost (the
   first of equal ones) gets another *layer* (its top again on every virtual rank) and takes it, so heavy
-  samples pile onto steps about R at a time and every rank of a step holds about as many of them. Cores never pass ``size`` samples, nor ``token_room`` tokens
-  counting ``mean_light_tokens`` per free slot. Samples pinned to the first step (``balancer.compose``'s
-  ``pinned``) make up core 0 whatever their fit, and the other heavy samples may join it.
+  samples pile onto steps about R at a time and every rank of a step holds about as many of them. Cores never
+  pass ``size`` samples, nor ``token_room`` tokens counting ``mean_light_tokens`` per free slot. Samples pinned
+  to the first step (``balancer.compose``'s ``pinned``) make up core 0 whatever their fit, and the other heavy
+  samples may join it.
 - ``repair``: steps whose costliest sample still outweighs their total over R (a *deficit*) swap their
   lightest light samples for the costliest light samples of steps with room to spare, while the donor
   step keeps its own surplus, no swap raises a step's costliest sample, and ``token_room`` holds.
 - ``window_time``: ``sum_k max(total_k / R, costliest_k)`` of a window's steps, the figure composition keeps or
   drops its steps by.
 - ``even_layers``: steps swap *bulky* samples (each outweighing half a microbatch's share; never a pinned
-  one) for others so that each step holds a multiple of R of them where a few swaps get there: then every rank of a step holds as
-  many, and no rank's extra bulky microbatch sets the lockstep time.
+  one) for others so that each step holds a multiple of R of them where a few swaps get there: then every rank
+  of a step holds as many, and no rank's extra bulky microbatch sets the lockstep time.
 
 Ties go to the lower index throughout, so kernel and twin agree exactly.
 """
