@@ -81,7 +81,10 @@ to the last batch; closing the loader is neither timed nor counted in CPU. ``1st
 every consumer (each rank, each split) holds its first batch, when a lockstep step 1 could start. The first
 batch of each warm-up pass is printed below the row (and kept as ``warmup_first_batch_s``): ours' first warm-up
 pass on the first dataset is the process's first loader, whose reader actors start cold; later loaders of the
-process reuse them (docs/loader.md, "Warm readers").
+process reuse them (docs/loader.md, "Warm readers"). Before any contender the planner's numba kernels are loaded
+once in a process of their own (``warm_kernels``): on a machine whose ``NUMBA_CACHE_DIR`` does not hold them yet
+that compiles them (about a minute), which leaves about 290 MiB of LLVM's in the process that compiles, and which
+ours' memory rise would otherwise count on a first run only (2026-11-27: 1,611 MiB compiling, 1,222-1,276 after).
 
 CPU: utime + stime of this process and all its descendants (Ray's GCS, raylet, workers and actors, idle ones
 included) over the pass; ``CPU s/Mrow`` = CPU-seconds per million delivered rows, ``cores`` = CPU s / wall s (the
@@ -1148,6 +1151,20 @@ def parse_args(argv) -> argparse.Namespace:
     return args
 
 
+def warm_kernels(args) -> float:
+    """Load the planner's numba kernels once in a process of their own, compiling them into ``NUMBA_CACHE_DIR``
+    where this machine has not yet: a compile leaves about 290 MiB more in the process that runs it (LLVM's),
+    which would count in the first contender of ours' memory rise on a fresh machine only. Returns the seconds."""
+    started = time.perf_counter()
+    code = ("from loader.config import LoaderConfig; from loader.stages.pipeline import warm_up; "
+            f"warm_up(LoaderConfig(ranks={args.ranks}, microbatches={args.microbatches}, "
+            f"samples_per_step={args.samples_per_step}))")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO,
+                   env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get(
+                       "PYTHONPATH")]))})
+    return time.perf_counter() - started
+
+
 def measure_in_child(name: str, argv: list[str]) -> dict:
     """``name``'s row on the ``mem`` set, measured by this bench in a fresh process (``--child``), with this run's
     other options: a memory pool keeps what an earlier contender of the same process freed, so a later one's peak
@@ -1197,6 +1214,9 @@ def main(argv=None) -> dict:
           f"{sizes}{'; QUICK (sizes for checking the bench, not the targets)' if args.quick else ''}", flush=True)
     if not have_ours:
         print(f"ours: NOT AVAILABLE ({why_not})", flush=True)
+    elif not args.child and any(c.startswith(("ours", "named")) for c in args.contenders):
+        print(f"planner kernels ready in {warm_kernels(args):.1f} s (compiled once per machine, in a process of "
+              "their own)", flush=True)
     args.data_dir.mkdir(parents=True, exist_ok=True)
     datasets = [synth_dataset(name, args.rows[name], args.data_dir, seed=args.seed, quick=args.quick) if name in SHAPES
                 else movielens_dataset(args.data_dir) for name in args.datasets]
