@@ -45,12 +45,14 @@ def _key(batch) -> tuple:
 
 @given(rows=st.lists(st.integers(0, 40), min_size=1, max_size=12), size=st.integers(1, 12),
        window=st.integers(1, 5), shuffle_window=st.integers(1, 90), compose=st.booleans(),
-       drop_last=st.booleans(), seed=st.integers(0, 2**32))
+       drop_last=st.booleans(), ranks=st.integers(1, 4), tail=st.booleans(), seed=st.integers(0, 2**32))
 @settings(max_examples=60, deadline=None)
-def test_windows_stay_in_their_block_and_resume_exactly(rows, size, window, shuffle_window, compose, drop_last, seed):
-    index, metas = _source(rows, seed)
-    config = LoaderConfig(ranks=1, microbatches=1, samples_per_step=size, compose_window=window, compose=compose,
-                          shuffle_window=shuffle_window, drop_last=drop_last, seed=seed % 1000, backend="inline")
+def test_windows_stay_in_their_block_and_resume_exactly(rows, size, window, shuffle_window, compose, drop_last,
+                                                        ranks, tail, seed):
+    index, metas = _source(rows, seed, tail=tail)  # heavy tails on several ranks: composition moves samples
+    config = LoaderConfig(ranks=ranks, microbatches=2, samples_per_step=size, compose_window=window,
+                          compose=compose, shuffle_window=shuffle_window, drop_last=drop_last, seed=seed % 1000,
+                          backend="inline")
     fed = _run(index, metas, config)
     steps = [batch for _, batches in fed for batch in batches]
     assert [b.step for b in steps] == list(range(len(steps)))
