@@ -128,6 +128,9 @@ class StandInReaders:
     async def pack(self, node, pieces: dict, handles: dict) -> Packed:
         return Packed({rank: Ref(next(self.refs).to_bytes(28, "little"), 0, 1) for rank in pieces})
 
+    async def keep(self, node, handles: dict, kept: dict) -> dict:
+        return {u: Ref(next(self.refs).to_bytes(28, "little"), 0, 1) for u in handles}
+
     async def renew(self, held: dict) -> dict:
         return {}
 

@@ -85,7 +85,10 @@ class SequenceLoader:
                 with _ASSEMBLY:
                     built = {r: MessageSteps(messages[r], pin_memory=self.config.pin_memory) for r in ranks}
                 first = messages[ranks[0]]
-                resumes = zip(first.steps.tolist(), first.cursors.tolist(), first.window_starts.tolist())
+                resumes = list(zip(first.steps.tolist(), first.cursors.tolist(), first.window_starts.tolist()))
+                # gathered: the rows the messages read from (whole units, in place) go now, not when the next
+                # message comes (after the next shuffle block is read and cut)
+                del messages, first
                 for k, (step, cursor, window_start) in enumerate(resumes):
                     after = Resume(step + 1, cursor, window_start)
                     if per_step:

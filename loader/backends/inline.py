@@ -19,6 +19,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 
 from loader.stages.assemble import pack
+from loader.stages.rows import keep_rows
 from loader.config import LoaderConfig
 from loader.stages.pipeline import Resume, warm_up
 from loader.control.protocol import Fetched, Health, Packed, Where
@@ -56,6 +57,11 @@ class ThreadReaders:
 
     async def pack(self, node: object, pieces: dict[int, tuple], handles: dict) -> Packed:
         return Packed({rank: pack(handles, unit, row, self.index.roles[0]) for rank, (unit, row) in pieces.items()})
+
+    async def keep(self, node: object, handles: dict, kept: dict) -> dict:
+        # a thread of its own: the pool's threads are decoding the next block, and the copy frees the units now
+        dtypes = self.index.roles[0]
+        return await asyncio.to_thread(lambda: {u: keep_rows(rows, kept[u], dtypes) for u, rows in handles.items()})
 
     async def renew(self, held: dict) -> dict:
         return {}  # rows held by this process are never lost

@@ -187,6 +187,18 @@ class RayReaders:
 
         return await self._call(self._on(node), f"packing rows on node {node}", pack_on)
 
+    async def keep(self, node, handles: dict[int, Held], kept: dict) -> dict[int, Held] | Lost:
+        """Copies of ``handles``' units holding rows ``kept`` only, made by a reader of ``node``."""
+
+        async def keep_on(i: int) -> dict[int, Held] | Lost:
+            done = await self.readers[i].keep.remote({u: h.ref for u, h in handles.items()}, kept, self.dtypes)
+            if isinstance(done, Lost):
+                return done
+            refs, pid = done
+            return {u: Held(ref, i, pid, self.nodes[i]) for u, ref in refs.items()}
+
+        return await self._call(self._on(node), f"keeping carried rows on node {node}", keep_on)
+
     async def renew(self, held: dict[int, Fetched | None]) -> dict[int, Fetched]:
         """Fresh reads of the units whose handle is missing or whose reader process is gone."""
         readers = sorted({read.handle.reader for read in held.values() if read is not None})

@@ -22,6 +22,7 @@ from ray.exceptions import ObjectLostError, RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from loader.stages.assemble import pack
+from loader.stages.rows import keep_rows
 from loader.stages.clean import UnitMeta
 from loader.backends.telemetry import record_read
 from loader.control.protocol import Lost
@@ -99,6 +100,17 @@ class Reader:
         except ObjectLostError as exc:
             return Lost(str(exc))
         return {rank: ray.put(pack(held, unit, row, dtypes)) for rank, (unit, row) in pieces.items()}, os.getpid()
+
+    def keep(self, refs: dict[int, ray.ObjectRef], kept: dict[int, np.ndarray],
+             dtypes: dict[str, np.dtype]) -> tuple[dict[int, ray.ObjectRef], int] | Lost:
+        """({unit: ref of a copy of its rows holding rows ``kept[unit]`` only}, this process's pid), or
+        :class:`loader.control.protocol.Lost` when a unit's rows are gone."""
+        units = list(refs)
+        try:
+            held = dict(zip(units, ray.get([refs[u] for u in units])))
+        except ObjectLostError as exc:
+            return Lost(str(exc))
+        return {u: ray.put(keep_rows(held[u], kept[u], dtypes)) for u in units}, os.getpid()
 
     @ray.method(concurrency_group="control")
     def alive(self, pids: list[int]) -> list[bool]:

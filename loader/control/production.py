@@ -67,10 +67,12 @@ async def produce(service: Service, run: Run) -> None:
             reads = [await inflight.popleft() for _ in range(need)]
             sources.hold(epoch_run.units(block), reads)
             planned = epoch_run.feed(block, [read.meta for read in reads])
+            del reads  # the handles are the Sources' to drop or shrink (held here, a block's rows outlive its steps)
             while chunk := await asyncio.to_thread(lambda: list(itertools.islice(planned, chunk_steps))):
                 await messages.add(chunk)
                 chunk_steps = min(2 * chunk_steps, MAX_STEPS_PER_MESSAGE)
-            messages.forget_read()
+            await messages.add([], last=True)  # a block's last steps go now: their group would hold its rows
+            await messages.forget_read()
         await messages.add(await asyncio.to_thread(lambda: list(epoch_run.finish())), last=True)
         service.stats.record_end(run.key.epoch, epoch_run.tail)
         await deliveries.put(None)
@@ -91,20 +93,14 @@ async def deliver(service: Service, run: Run, deliveries: asyncio.Queue) -> None
     stats = service.stats
     try:
         while (item := await deliveries.get()) is not None:
-            steps, messages = item
-            messages = await messages
+            steps, routed = item
             for planned in steps:
                 stats.record(planned)
             run.produced = steps[-1].step + 1
-            for rank, message in enumerate(messages):
-                if rank not in run.finished and run.holds_back(rank):
-                    run.leave_out_absent()
-                if rank not in run.finished:
-                    run.blocked_on = rank
-                    await run.queues[rank].put(Step(message))
-                    if rank not in run.finished:  # (a rank finishing meanwhile dropped its queue)
-                        stats.queue_depth[rank] += 1
-            run.blocked_on = None
+            await _enqueue(service, run, await routed)
+            # the queued messages hold the rows they read; held here too, the rows of a block's last group would stay
+            # while this waits for the next group (after the next block is read and cut)
+            del item, routed
         for rank in range(run.ranks):
             if rank not in run.finished:
                 run.blocked_on = rank
@@ -114,6 +110,19 @@ async def deliver(service: Service, run: Run, deliveries: asyncio.Queue) -> None
         raise
     except Exception as exc:
         run.fail(exc)
+
+
+async def _enqueue(service: Service, run: Run, messages: list) -> None:
+    """Put each rank's message in its queue, in rank order (a rank nobody iterates is left out)."""
+    for rank, message in enumerate(messages):
+        if rank not in run.finished and run.holds_back(rank):
+            run.leave_out_absent()
+        if rank not in run.finished:
+            run.blocked_on = rank
+            await run.queues[rank].put(Step(message))
+            if rank not in run.finished:  # (a rank finishing meanwhile dropped its queue)
+                service.stats.queue_depth[rank] += 1
+    run.blocked_on = None
 
 
 class Messages:
@@ -140,10 +149,21 @@ class Messages:
         if last and self.group:
             await self._send()
 
-    def forget_read(self) -> None:
-        """Once a block is planned: drop the handles no future step reads (those of rows carried
-        into the next block or of the open composition window, or of steps not sent yet, stay)."""
-        self.sources.keep(set(self.epoch_run.held_units(planned.unit for planned in self.group).tolist()))
+    async def forget_read(self) -> None:
+        """Once a block is planned and its steps sent: drop the handles no future step reads, and shrink those only
+        the rows carried into the next block read to copies of those rows (the next block's first step is cut once
+        all of that block is read: meanwhile the whole units would stay)."""
+        run = self.epoch_run
+        self.sources.keep(set(run.held_units(planned.unit for planned in self.group).tolist()))
+        others = set(units_in((*(b.unit for b in run.window), *(p.unit for p in self.group)),
+                              len(run.unit_rows)).tolist())
+        carried = run.pending
+        units = [u for u in units_in((carried.unit,), len(run.unit_rows)).tolist() if u not in others]
+        if units:
+            order = np.lexsort((carried.row, carried.unit))
+            unit, row = carried.unit[order], carried.row[order]  # by unit, then row
+            starts, stops = np.searchsorted(unit, units, side="left"), np.searchsorted(unit, units, side="right")
+            await self.sources.shrink({u: row[a:b] for u, a, b in zip(units, starts.tolist(), stops.tolist())})
 
     async def _send(self) -> None:
         group, self.group, self.group_bytes = self.group, [], 0

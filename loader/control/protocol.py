@@ -6,7 +6,8 @@ with strings:
 
 - :class:`Readers`, what the control plane asks of whoever reads row groups (Ray reader actors, or
   threads of this process): ``fetch`` a unit (-> :class:`Fetched`), ``pack`` rows on a node
-  (-> :class:`Packed` or :class:`Lost`), ``renew`` lost units (-> fresh :class:`Fetched`), and
+  (-> :class:`Packed` or :class:`Lost`), ``keep`` only some rows of units (-> their new handles, or
+  :class:`Lost`), ``renew`` lost units (-> fresh :class:`Fetched`), and
   whether the ranks' processes and nodes are ``alive`` (-> :class:`Health`).
 - :data:`Reply`, what the control plane answers a rank: :class:`Opened`, :class:`Step`,
   :class:`End`, :class:`Failed` (a named :class:`loader.errors.LoaderError`, or the error a stage
@@ -21,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, Union
+
+import numpy as np
 
 from loader.stages.assemble import RankMessage
 from loader.stages.clean import UnitMeta
@@ -75,6 +78,10 @@ class Readers(Protocol):
 
     async def pack(self, node: object, pieces: dict[int, tuple], handles: dict[int, object]) -> Packed | Lost:
         """Gather on ``node`` each rank's rows ``pieces[rank] = (unit, row)`` from the units' ``handles``."""
+
+    async def keep(self, node: object, handles: dict[int, object], kept: dict[int, np.ndarray]) -> dict | Lost:
+        """On ``node``, a handle per unit of ``handles`` to a copy holding rows ``kept[unit]`` only
+        (:func:`loader.stages.rows.keep_rows`)."""
 
     async def renew(self, held: dict[int, Fetched | None]) -> dict[int, Fetched]:
         """Fresh reads of those units of ``held`` whose rows were lost (None: never read, or lost)."""

@@ -4,13 +4,16 @@
 holding the unit's decoded rows) and turns planned messages into messages of handles: each rank reads
 the units of its own node in place, and the readers of every other node pack that rank's rows there into
 one piece (``Readers.pack``); every rank's route at once (:func:`loader.stages.assemble.route_ranks`), so
-each event crosses the network at most once. When a holder died meanwhile (``Lost``), the lost units are read again (``Readers.renew``)
+each event crosses the network at most once. Units only the rows carried into the next block still read are
+shrunk to copies of those rows (``Readers.keep``), so a block's rows are freed once its own steps are read, not
+once the next block is cut. When a holder died meanwhile (``Lost``), the lost units are read again (``Readers.renew``)
 and the messages routed anew: reads are pure, so nothing is lost or repeated.
 """
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import numpy as np
 
@@ -35,6 +38,19 @@ class Sources:
     def keep(self, needed: set[int]) -> None:
         """Drop the handles of units no later step reads."""
         self.handles = {u: h for u, h in self.handles.items() if u in needed}
+
+    async def shrink(self, kept: dict[int, np.ndarray]) -> None:
+        """Replace the handles of the units ``kept`` names by copies holding rows ``kept[unit]`` only (ascending;
+        the other rows keep their places with no events), made where each unit is held, so the unit's whole rows
+        are freed once the steps already sent have read them. Where a holder is gone the handle stays as it was
+        (the route that needs it renews it)."""
+        nodes: dict[object, list[int]] = {}
+        for unit in kept:
+            nodes.setdefault(self.handles[unit].node, []).append(unit)
+        for node, units in nodes.items():
+            new = await self.readers.keep(node, {u: self.handles[u].handle for u in units}, {u: kept[u] for u in units})
+            if not isinstance(new, Lost):
+                self.handles.update({u: replace(self.handles[u], handle=new[u]) for u in units})
 
     async def complete(self, messages: list[RankMessage], handles: dict[int, Fetched]) -> list[RankMessage]:
         """Route every message's rows from the current holders and pack the pieces; when a holder died

@@ -133,6 +133,7 @@ class Service:
         if held is not None and held.first_step == step:
             run.held[rank] = held
             return Step(held)
+        del held  # let go now: kept while this waits for the next message, its rows would outlive their steps
         blocked = run.blocked_on
         if blocked is not None and run.holds_back(blocked):
             run.leave_out_absent()  # the producer waits on a rank nobody iterates

@@ -59,6 +59,18 @@ class Rows:
         )
 
 
+def keep_rows(rows: Rows, kept: np.ndarray, dtypes: dict[str, np.dtype]) -> Rows:
+    """A copy of ``rows`` holding the events of rows ``kept`` (int64 (k,), ascending) only: every other row keeps
+    its place with no events, so a row's index still names it (what a holder keeps of a unit whose other rows no
+    later step reads)."""
+    packed = gather([rows], np.zeros(len(kept), dtype=np.int64), kept, dtypes)
+    lengths = np.zeros(len(rows), dtype=np.int64)
+    lengths[kept] = packed.lengths
+    offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return Rows(user_ids=rows.user_ids.copy(), offsets=offsets, events=packed.events, cut=rows.cut.copy())
+
+
 def gather(
     sources: list[Rows],
     source: np.ndarray,

@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loader.stages.kernels import copy_ranges, copy_ranges_ref
-from loader.stages.rows import Rows, gather, gather_ref
+from loader.stages.rows import Rows, gather, gather_ref, keep_rows
 
 
 @given(st.lists(st.tuples(st.integers(0, 150), st.integers(0, 100)), max_size=40),
@@ -81,3 +81,20 @@ def test_slice_rebases_offsets():
     part = rows.slice(1, 3)
     assert part.offsets.tolist() == [0, 1, 4] and part.events["item_ids"].tolist() == [3, 4, 5, 6]
     assert part.user_ids.tolist() == [1, 2]
+
+
+@given(st.data())
+@settings(max_examples=60, deadline=None)
+def test_keep_rows_keeps_the_indices_of_the_rows_kept_and_the_events_of_those_only(data):
+    histories = data.draw(st.lists(st.lists(st.integers(0, 99), max_size=6), min_size=1, max_size=8))
+    rows = _rows(histories, 100)
+    kept = np.array(sorted(data.draw(st.sets(st.integers(0, len(histories) - 1)))), dtype=np.int64)
+    out = keep_rows(rows, kept, {"item_ids": np.dtype(np.int64)})
+    assert len(out) == len(rows) and out.user_ids.tolist() == rows.user_ids.tolist()
+    assert out.cut.tolist() == rows.cut.tolist()
+    assert out.lengths.tolist() == [len(h) if i in kept else 0 for i, h in enumerate(histories)]
+    assert len(out.events["item_ids"]) == sum(len(histories[i]) for i in kept)  # the others' events are gone
+    every = np.arange(len(rows), dtype=np.int64)[kept]
+    np.testing.assert_array_equal(  # a gather of the kept rows reads the same from the copy as from the whole
+        gather([out], np.zeros(len(every), dtype=np.int64), every, {"item_ids": np.dtype(np.int64)}).events["item_ids"],
+        gather([rows], np.zeros(len(every), dtype=np.int64), every, {"item_ids": np.dtype(np.int64)}).events["item_ids"])

@@ -1,6 +1,7 @@
 """The coordinator's logic without Ray: runs, bounded per-rank queues, backpressure, faults."""
 
 import asyncio
+import gc
 import random
 import re
 import warnings
@@ -9,11 +10,12 @@ import weakref
 import pytest
 
 from loader.stages.assemble import pack
+from loader.stages.rows import keep_rows
 from loader.config import LoaderConfig
 from loader.errors import NodeLost, RankLost
 from loader.backends.inline import InlineClient
 from loader.microbatch import MessageSteps
-from loader.stages.pipeline import Resume
+from loader.stages.pipeline import EpochRun, Resume
 from loader.stages.decode import read_unit
 from loader.control.protocol import End, Failed, Fetched, Health, Opened, Packed, Step, Wait, Where
 from loader.control.runs import RunKey
@@ -42,6 +44,9 @@ class _Readers:
 
     async def pack(self, node, pieces, handles):
         return Packed({rank: pack(handles, unit, row, self.index.roles[0]) for rank, (unit, row) in pieces.items()})
+
+    async def keep(self, node, handles, kept):
+        return {u: keep_rows(rows, kept[u], self.index.roles[0]) for u, rows in handles.items()}
 
     async def renew(self, held):
         return {}
@@ -288,3 +293,63 @@ def test_a_lost_node_fails_the_run_for_every_other_rank_naming_it(index, monkeyp
         assert service.run is None  # rank 1 was finished when its node was lost, rank 0 by taking its error
 
     asyncio.run(main())
+
+
+class _Gated(_Readers):
+    """Readers that keep a weak reference to every unit's decoded rows, and read the units of later blocks only
+    once ``gate`` is set; ``shrink=False``: ``keep`` hands the units back whole (no copy)."""
+
+    def __init__(self, index, first: set[int], shrink: bool = True):
+        super().__init__(index)
+        self.first, self.shrink, self.rows = first, shrink, {}
+        self.gate = asyncio.Event()
+
+    async def fetch(self, unit, node):
+        if unit not in self.first:
+            await self.gate.wait()
+        fetched = await super().fetch(unit, node)
+        self.rows[unit] = weakref.ref(fetched.handle)
+        return fetched
+
+    async def keep(self, node, handles, kept):
+        return await super().keep(node, handles, kept) if self.shrink else dict(handles)
+
+
+def test_a_block_s_rows_are_freed_once_its_steps_are_taken_not_once_the_next_block_is_read(index):
+    """Blocks of 30 rows (two units of 15), steps of 7: each block leaves 2 rows for the next block's first step,
+    which is cut only when all of that block is read. The rows carried are copied out of their units
+    (``Readers.keep``), and once the ranks took the block's steps nothing holds its units: not the producer's
+    reads, not the group of its last steps, not the message a rank was handed last. The steps are the same."""
+    config = dict(samples_per_step=7, shuffle_window=30, seed=0)  # block 0: units 9 and 2, 30 rows
+    first = set(EpochRun(index, LoaderConfig(ranks=2, microbatches=2, backend="inline", **config), epoch=0).units(0))
+    cut = sum(index.units[u].rows for u in first) // 7  # steps block 0 closes (every row is valid)
+
+    async def take(service, run_id, count=None):
+        steps = []
+        while count is None or len(steps) < count:
+            replies = [await _take(service, r, run_id) for r in (0, 1)]
+            if not all(isinstance(reply, Step) for reply in replies):
+                return steps, replies
+            steps.append([[record(mb) for mb in MessageSteps(reply.message)[0]] for reply in replies])
+        return steps, []
+
+    async def run(readers):
+        service, _ = _service(index, readers=readers, **config)
+        run_id = await _open(service, [0, 1], RunKey(0), where=HERE)
+        steps, _ = await take(service, run_id, count=cut)  # block 0's steps
+        # each rank asks for the next step, letting the one it holds go; block 1 is not read: the requests wait
+        asking = [asyncio.ensure_future(_take(service, r, run_id)) for r in (0, 1)]
+        await asyncio.sleep(0.2)
+        gc.collect()
+        alive = sorted(u for u in first if readers.rows[u]() is not None)
+        readers.gate.set()
+        following = [[record(mb) for mb in MessageSteps((await reply).message)[0]] for reply in asking]
+        rest, replies = await take(service, run_id)
+        assert all(isinstance(reply, End) for reply in replies)
+        return steps, [following, *rest], alive
+
+    steps, rest, alive = asyncio.run(run(_Gated(index, first)))
+    assert len(steps) + len(rest) == 160 // 7 + 1 and alive == []
+    whole_steps, whole_rest, alive_whole = asyncio.run(run(_Gated(index, first, shrink=False)))
+    assert alive_whole  # without the copy, the units the carried rows read stay whole until the next block
+    assert (whole_steps, whole_rest) == (steps, rest)
