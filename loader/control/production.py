@@ -71,8 +71,7 @@ async def produce(service: Service, run: Run) -> None:
             while chunk := await asyncio.to_thread(lambda: list(itertools.islice(planned, chunk_steps))):
                 await messages.add(chunk)
                 chunk_steps = min(2 * chunk_steps, MAX_STEPS_PER_MESSAGE)
-            await messages.add([], last=True)  # a block's last steps go now: their group would hold its rows
-            await messages.forget_read()
+            await messages.end_block(sum(service.index.units[u].nbytes for u in epoch_run.units(block)))
         await messages.add(await asyncio.to_thread(lambda: list(epoch_run.finish())), last=True)
         service.stats.record_end(run.key.epoch, epoch_run.tail)
         await deliveries.put(None)
@@ -149,10 +148,14 @@ class Messages:
         if last and self.group:
             await self._send()
 
-    async def forget_read(self) -> None:
-        """Once a block is planned and its steps sent: drop the handles no future step reads, and shrink those only
-        the rows carried into the next block read to copies of those rows (the next block's first step is cut once
-        all of that block is read: meanwhile the whole units would stay)."""
+    async def end_block(self, block_bytes: int) -> None:
+        """Once a block is planned: send its last steps where the block outweighs a message of every rank (a group
+        waiting for the next block's steps would hold the block's rows until that block is read and cut; a smaller
+        block's last steps wait, so short rows still travel in few messages); drop the handles no future step
+        reads, and shrink those only the rows carried into the next block read to copies of those rows (the next
+        block's first step is cut once all of that block is read: meanwhile the whole units would stay)."""
+        if block_bytes > self.service.message_bytes * self.service.config.ranks:
+            await self.add([], last=True)
         run = self.epoch_run
         self.sources.keep(set(run.held_units(planned.unit for planned in self.group).tolist()))
         others = set(units_in((*(b.unit for b in run.window), *(p.unit for p in self.group)),

@@ -55,10 +55,8 @@ def test_tiny_run_gives_every_rank_every_step_once(tmp_path, extra, locality):
     assert row["microbatches_per_step_ok"] and row["locality"] is locality
     assert row["ranks"] == 8 and row["nodes"] == 2 and row["rows"] == steps * 64
     assert row["stats"]["rows_delivered"] == steps * 64 and row["stats"]["steps"] == steps
-    # the first message holds one step, then 2, 4, ..., and a shuffle block's last steps close their message (the
-    # message would hold the block's rows until the next block is cut): 12 steps of 64 in blocks of 200 rows -> 5
-    # messages, none over 3 steps (without the block ends: 4 messages of 1, 2, 4 and 5 steps)
-    assert row["rank_messages"] == 8 * 5 and row["steps_per_message"]["max"] == 3
+    # the first message holds one step, then 2, 4, ...: 12 steps -> messages of 1, 2, 4, 5
+    assert row["rank_messages"] == 8 * 4 and row["steps_per_message"]["max"] == 5
     assert row["wall_s"] > 0 and row["cpu_s"] > 0 and row["control_bytes_out_per_step"] > 0
     truncated = "--max-seq-len" in extra
     assert row["max_seq_len"] == (50 if truncated else None) and (row["stats"]["rows_truncated"] > 0) is truncated

@@ -264,7 +264,7 @@ def test_units_in_is_the_ascending_set_of_units(arrays):
 
 
 def test_held_units_are_those_of_the_carried_rows_once_a_block_is_cut(data):
-    """What the control plane keeps the handles of after each block (``Messages.forget_read``): no composition
+    """What the control plane keeps the handles of after each block (``Messages.end_block``): no composition
     window stays open across a block's end, so only the rows carried into the next block's first step (and the
     steps not yet sent, ``also``) hold units; the last block's window stays open for the epoch's short batch."""
     index = sources.index_source(data)

@@ -353,3 +353,27 @@ def test_a_block_s_rows_are_freed_once_its_steps_are_taken_not_once_the_next_blo
     whole_steps, whole_rest, alive_whole = asyncio.run(run(_Gated(index, first, shrink=False)))
     assert alive_whole  # without the copy, the units the carried rows read stay whole until the next block
     assert (whole_steps, whole_rest) == (steps, rest)
+
+
+@pytest.mark.parametrize("outweighs", [True, False])
+def test_a_block_outweighing_a_message_of_every_rank_closes_its_message(index, outweighs):
+    """Messages grow 1, 2, 4, ... steps; a block whose rows outweigh ``message_bytes`` per rank sends its last
+    steps at once (waiting in a message with the next block's steps, they would hold the block's rows until that
+    block is read); a lighter block's last steps wait for the next block's, so short rows travel in few messages."""
+    config = LoaderConfig(ranks=2, microbatches=2, samples_per_step=7, shuffle_window=30, seed=0, backend="inline")
+    first = EpochRun(index, config, epoch=0).units(0)  # 30 rows: steps 0-3, 2 rows carried
+    block_bytes = sum(index.units[u].nbytes for u in first)
+    budget = block_bytes // 2 - 1 if outweighs else block_bytes
+
+    async def main():
+        service = Service(index, config, _Readers(index), readahead=4, message_bytes=budget)
+        run_id = await _open(service, [0, 1], RunKey(0), where=HERE)
+        spans = []
+        while isinstance(reply := await _take(service, 0, run_id), Step):
+            await _take(service, 1, run_id)
+            spans.append((reply.message.first_step, reply.message.last_step))
+        return spans
+
+    spans = asyncio.run(main())
+    assert spans[:2] == [(0, 0), (1, 2)]
+    assert spans[2] == ((3, 3) if outweighs else (3, 6))
