@@ -94,23 +94,19 @@ class Reader:
              dtypes: dict[str, np.dtype]) -> tuple[dict[int, ray.ObjectRef], int] | Lost:
         """({rank: ref of its rows ``pieces[rank]`` = (unit, row)}, this process's pid), or
         :class:`loader.control.protocol.Lost` when a unit's rows are gone."""
-        units = list(refs)
-        try:
-            held = dict(zip(units, ray.get([refs[u] for u in units])))
-        except ObjectLostError as exc:
-            return Lost(str(exc))
+        held = _mapped(refs)
+        if isinstance(held, Lost):
+            return held
         return {rank: ray.put(pack(held, unit, row, dtypes)) for rank, (unit, row) in pieces.items()}, os.getpid()
 
     def keep(self, refs: dict[int, ray.ObjectRef], kept: dict[int, np.ndarray],
              dtypes: dict[str, np.dtype]) -> tuple[dict[int, ray.ObjectRef], int] | Lost:
         """({unit: ref of a copy of its rows holding rows ``kept[unit]`` only}, this process's pid), or
         :class:`loader.control.protocol.Lost` when a unit's rows are gone."""
-        units = list(refs)
-        try:
-            held = dict(zip(units, ray.get([refs[u] for u in units])))
-        except ObjectLostError as exc:
-            return Lost(str(exc))
-        return {u: ray.put(keep_rows(held[u], kept[u], dtypes)) for u in units}, os.getpid()
+        held = _mapped(refs)
+        if isinstance(held, Lost):
+            return held
+        return {u: ray.put(keep_rows(rows, kept[u], dtypes)) for u, rows in held.items()}, os.getpid()
 
     @ray.method(concurrency_group="control")
     def alive(self, pids: list[int]) -> list[bool]:
@@ -124,6 +120,14 @@ class Reader:
     @ray.method(concurrency_group="control")
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()
+
+
+def _mapped(refs: dict[int, ray.ObjectRef]) -> dict | Lost:
+    """Each unit's rows, mapped from this node's object store, or :class:`Lost` when one is gone."""
+    try:
+        return dict(zip(refs, ray.get(list(refs.values()))))
+    except ObjectLostError as exc:
+        return Lost(str(exc))
 
 
 def _running(pid: int) -> bool:
