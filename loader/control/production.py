@@ -160,13 +160,10 @@ class Messages:
         self.sources.keep(set(run.held_units(planned.unit for planned in self.group).tolist()))
         others = set(units_in((*(b.unit for b in run.window), *(p.unit for p in self.group)),
                               len(run.unit_rows)).tolist())
-        carried = run.pending
+        carried = run.pending  # fewer rows than a step, from a few units
         units = [u for u in units_in((carried.unit,), len(run.unit_rows)).tolist() if u not in others]
         if units:
-            order = np.lexsort((carried.row, carried.unit))
-            unit, row = carried.unit[order], carried.row[order]  # by unit, then row
-            starts, stops = np.searchsorted(unit, units, side="left"), np.searchsorted(unit, units, side="right")
-            await self.sources.shrink({u: row[a:b] for u, a, b in zip(units, starts.tolist(), stops.tolist())})
+            await self.sources.shrink({u: np.sort(carried.row[carried.unit == u]) for u in units})
 
     async def _send(self) -> None:
         group, self.group, self.group_bytes = self.group, [], 0
