@@ -1,9 +1,12 @@
 """SequenceLoader end to end on the inline backend: exactly-once, layout, content, faults, state."""
 
+import gc
 import math
 import os
 import sys
 import threading
+import time
+import weakref
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -16,6 +19,7 @@ from balancer import CostModel
 from loader import SequenceLoader
 from loader.contract import sources
 from loader.contract.schema import Columns
+from loader.control.stream import Stream
 from loader.stages.decode import read_unit
 from loader.stages.pipeline import EpochRun, units_in
 
@@ -281,6 +285,33 @@ def test_held_units_are_those_of_the_carried_rows_once_a_block_is_cut(data):
         also = [step.unit for step in planned]
         assert run.held_units(also).tolist() == sorted(set(np.concatenate(rows + also).tolist()))
     assert run.order.blocks >= 3 and carried  # rows were carried across some block's end
+
+
+@pytest.mark.parametrize("per_step", [True, False])
+def test_a_message_is_let_go_once_its_rows_are_gathered(data, monkeypatch, per_step):
+    """The trainer process holds a message (and through it the decoded units it reads) only until its rows are
+    gathered into its own buffers: while the trainer works through the message's steps, the control plane may
+    free the block those rows came from. Every message the loader took is gone by the time its first step is
+    handed out (the control plane lets its own copy go once the rank asks again: bounded wait)."""
+    taken = []
+    next_message = Stream.next_message
+
+    def spy(stream):
+        messages = next_message(stream)
+        taken.extend(weakref.ref(message) for message in (messages or {}).values())
+        return messages
+
+    monkeypatch.setattr(Stream, "next_message", spy)
+    with SequenceLoader(data, **{**KWARGS, "shuffle_window": 60}) as loader:
+        batches = loader.iter_steps() if per_step else loader.iter_rank(0)
+        first = next(batches)
+        deadline = time.monotonic() + 5.0
+        while any(ref() is not None for ref in taken) and time.monotonic() < deadline:
+            gc.collect()
+            time.sleep(0.01)
+        assert taken and [ref() for ref in taken] == [None] * len(taken)
+        assert first  # the step's (or microbatch's) views outlive the message they were gathered from
+        batches.close()
 
 
 def test_resume_across_processes_and_epochs(data):
