@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"freescale {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_datasets, _plan, _demo, _report, _train, _simulate):
+    for add in (_datasets, _plan, _demo, _report, _train, _simulate, _warm):
         add(sub)
     return parser
 
@@ -194,6 +194,33 @@ def _simulate(sub) -> None:
     p.add_argument("--calibrate", help="trainer --metrics-out JSONL: fit compute and exchange times to it")
     p.add_argument("--json-out", help="write every number as JSON here")
     p.set_defaults(func=simulate.run)
+
+
+def _warm(sub) -> None:
+    p = sub.add_parser("warm", help="compile the planner's and the loader's numba kernels into NUMBA_CACHE_DIR",
+                       description="Run the planner and the loader's gathers once, on a few hundred histories in a "
+                                   "temporary folder, so that numba's cache (NUMBA_CACHE_DIR) holds every kernel a "
+                                   "run calls: a process started afterwards loads them instead of compiling them "
+                                   "(about a minute, and ~300 MiB left in that process). Run it where the image is "
+                                   "built or on each node before the trainers start (loader/warm.py).")
+    p.add_argument("--ranks", type=int, default=8, help="trainer ranks R (default 8)")
+    p.add_argument("--microbatches", type=int, default=4, help="microbatches per rank M (default 4)")
+    p.add_argument("--planner", choices=available_methods(), default="balanced",
+                   help="the loader's planner (default balanced)")
+    p.add_argument("--max-tokens", type=int, help="the loader's max_tokens: cap on tokens per microbatch")
+    add_compose_flags(p)
+    p.set_defaults(func=_run_warm)
+
+
+def _run_warm(args) -> int:
+    from loader.config import LoaderConfig
+    from loader.warm import warm_kernels
+
+    config = LoaderConfig(ranks=args.ranks, microbatches=args.microbatches, samples_per_step=args.ranks *
+                          args.microbatches, planner=args.planner, max_tokens=args.max_tokens,
+                          compose=not args.no_compose, compose_window=args.compose_window)
+    print(warm_kernels(config))
+    return 0
 
 
 def add_plan_flags(p: argparse.ArgumentParser, *, ranks: int = 8, microbatches: int = 4, step: int = 1024) -> None:

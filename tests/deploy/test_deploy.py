@@ -165,6 +165,11 @@ def test_dockerfile_installs_the_project_and_copies_no_secret():
     assert not re.search(r"RAY_AUTH_TOKEN\s*=|ENV\s+.*(TOKEN|SECRET|PASSWORD)", text), "no secret in ENV"
     assert "ENABLE_WINDOWS_OR_OSX_CLUSTER=0" not in text, "that setting forbids multi-node clusters"
     assert any(ln.startswith("USER ") and ln.split()[1] != "root" for ln in instructions)
+    # the numba kernels compiled into the image's cache, as the user that runs the jobs, in the folder they use
+    user = max(i for i, ln in enumerate(instructions) if ln.startswith("USER "))
+    assert "RUN freescale warm" in instructions[user + 1:]
+    cache = re.search(r"NUMBA_CACHE_DIR=(\S+)", text).group(1)
+    assert f"value: {cache}" in (DEPLOY / "kuberay/raycluster.yaml").read_text()
 
 
 def test_readme_cites_the_docs_and_walks_through_every_piece():
