@@ -19,7 +19,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numba
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -28,7 +27,7 @@ from numba.core.registry import CPUDispatcher
 import balancer.kernels
 from loader.config import LoaderConfig
 from loader.stages import kernels as loader_kernels
-from loader.stages.pipeline import warm_up
+from loader.stages.pipeline import cache_location, warm_up
 
 # the list columns' value types a dataset may hold (items and timestamps: int64; features: any of these)
 FEATURE_TYPES = {"f_float32": pa.float32(), "f_float64": pa.float64(), "f_int32": pa.int32(), "f_int64": pa.int64()}
@@ -64,8 +63,8 @@ def signatures() -> dict[str, set]:
 
 
 def warm_kernels(config: LoaderConfig, *, rows: int = 400) -> Warmed:
-    """Run the planner and the loader's gathers once at every signature a run with ``config`` calls them with: :func:`loader.stages.pipeline.warm_up`, then an inline epoch over
-    ``rows`` histories with a feature column of every type in :data:`FEATURE_TYPES`, cut by ``max_seq_len``,
+    """Run the planner and the loader's gathers once at every signature a run with ``config`` calls them with:
+    :func:`loader.stages.pipeline.warm_up`, then an inline epoch over ``rows`` histories with a feature column of every type in :data:`FEATURE_TYPES`, cut by ``max_seq_len``,
     composed and planned as ``config`` plans. Returns what is ready."""
     from loader.sequence import SequenceLoader
 
@@ -84,8 +83,7 @@ def warm_kernels(config: LoaderConfig, *, rows: int = 400) -> Warmed:
     ready = dispatchers()
     count = sum(len(d.signatures) for d in ready)
     compiled = sum(sum(d.stats.cache_misses.values()) for d in ready)
-    return Warmed(count, min(compiled, count), time.perf_counter() - started,
-                  numba.config.CACHE_DIR or "unset: __pycache__ beside the sources")
+    return Warmed(count, compiled, time.perf_counter() - started, cache_location())
 
 
 def _write(folder: Path, rows: int) -> None:

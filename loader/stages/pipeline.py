@@ -390,7 +390,7 @@ def warm_up(config: LoaderConfig) -> None:
     bins = config.ranks * config.microbatches
     notice = threading.Timer(COMPILE_NOTICE_S, _LOG.warning, args=(
         "compiling the planner's numba kernels: once per machine and FreeScale version, about a minute; "
-        "the cache is NUMBA_CACHE_DIR (%s)", numba.config.CACHE_DIR or "unset: __pycache__ beside the sources",
+        "the cache is NUMBA_CACHE_DIR (%s)", cache_location(),
     ))
     notice.daemon = True
     notice.start()
@@ -405,6 +405,11 @@ def warm_up(config: LoaderConfig) -> None:
     finally:
         notice.cancel()
     _WARM.set()
+
+
+def cache_location() -> str:
+    """Where numba caches the compiled kernels (``NUMBA_CACHE_DIR``)."""
+    return numba.config.CACHE_DIR or "unset: __pycache__ beside the sources"
 
 
 def kernels_warm() -> bool:
