@@ -3,7 +3,7 @@
 A process whose numba cache (``NUMBA_CACHE_DIR``) lacks the kernels compiles them on first use: about a minute,
 and LLVM's ~300 MiB stay in that process for the rest of its life (docs/benchmarks.md, fifteenth session). A
 container image whose cache is empty pays that in every job it starts. :func:`warm_kernels` runs what a run runs,
-on a few hundred rows written to a temporary folder (every event dtype a feature column may have; a
+on a few hundred rows written to a temporary folder (a feature column of each common numeric type; a
 ``max_seq_len`` that cuts some rows), so the cache holds each kernel at each signature a run calls it with; run it
 once where the image is built (``RUN freescale warm``, deploy/Dockerfile) or on each node before the trainers
 start. numba keys its cache by the source files and this CPU's name and features: a machine of another CPU
@@ -29,7 +29,7 @@ from loader.config import LoaderConfig
 from loader.stages import kernels as loader_kernels
 from loader.stages.pipeline import cache_location, warm_up
 
-# the list columns' value types a dataset may hold (items and timestamps: int64; features: any of these)
+# feature columns' value types warmed (items and timestamps are int64); a run with another compiles that gather
 FEATURE_TYPES = {"f_float32": pa.float32(), "f_float64": pa.float64(), "f_int32": pa.int32(), "f_int64": pa.int64()}
 
 
@@ -64,8 +64,9 @@ def signatures() -> dict[str, set]:
 
 def warm_kernels(config: LoaderConfig, *, rows: int = 400) -> Warmed:
     """Run the planner and the loader's gathers once at every signature a run with ``config`` calls them with:
-    :func:`loader.stages.pipeline.warm_up`, then an inline epoch over ``rows`` histories with a feature column of every type in :data:`FEATURE_TYPES`, cut by ``max_seq_len``,
-    composed and planned as ``config`` plans. Returns what is ready."""
+    :func:`loader.stages.pipeline.warm_up`, then an inline epoch over ``rows`` histories with a feature column of
+    each type in :data:`FEATURE_TYPES`, cut by ``max_seq_len``, composed and planned as ``config`` plans. Returns
+    what is ready."""
     from loader.sequence import SequenceLoader
 
     started = time.perf_counter()

@@ -175,7 +175,7 @@ def test_every_loader_module_lives_in_a_house():
     houses = ("contract", "stages", "control", "backends", "sample_data")
     top = sorted(f for f in GRAPH["loader"] if f.count("/") == 1)
     assert top == sorted(["loader/__init__.py", *PLAIN_TOP, "loader/sequence.py", "loader/microbatch.py",
-                          "loader/torch.py", "loader/ray_train.py", "loader/device.py"])
+                          "loader/torch.py", "loader/ray_train.py", "loader/device.py", "loader/warm.py"])
     assert all(f.split("/")[1] in houses for f in GRAPH["loader"] if f.count("/") == 2)
 
 

@@ -6,14 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from .helpers import messy, synth
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# After warm_kernels, loader runs over other data and arguments: any kernel signature they add to those warm
-# called is one a run on a machine warmed so would wait for numba's compiler on.
+# warm_kernels, then loader runs over other data and with other arguments: a kernel signature the runs call that
+# the warm-up did not is one a run on a machine warmed this way would wait for numba's compiler on.
 SCRIPT = """
 import json, sys
 from loader import SequenceLoader
