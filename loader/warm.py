@@ -27,7 +27,7 @@ from numba.core.registry import CPUDispatcher
 import balancer.kernels
 from loader.config import LoaderConfig
 from loader.stages import kernels as loader_kernels
-from loader.stages.pipeline import cache_location, warm_up
+from loader.stages.pipeline import cache_location
 
 # feature columns' value types warmed (items and timestamps are int64); a run with another compiles that gather
 FEATURE_TYPES = {"f_float32": pa.float32(), "f_float64": pa.float64(), "f_int32": pa.int32(), "f_int64": pa.int64()}
@@ -63,14 +63,13 @@ def signatures() -> dict[str, set]:
 
 
 def warm_kernels(config: LoaderConfig, *, rows: int = 400) -> Warmed:
-    """Run the planner and the loader's gathers once at every signature a run with ``config`` calls them with:
-    :func:`loader.stages.pipeline.warm_up`, then an inline epoch over ``rows`` histories with a feature column of
-    each type in :data:`FEATURE_TYPES`, cut by ``max_seq_len``, composed and planned as ``config`` plans. Returns
-    what is ready."""
+    """Run the planner and the loader's gathers once at every signature a run with ``config`` calls them with: an
+    inline loader (whose construction runs :func:`loader.stages.pipeline.warm_up` with ``config``'s planner
+    settings) and its epoch over ``rows`` histories with a feature column of each type in :data:`FEATURE_TYPES`,
+    cut by ``max_seq_len``, composed and planned as ``config`` plans. Returns what is ready."""
     from loader.sequence import SequenceLoader
 
     started = time.perf_counter()
-    warm_up(config)
     options = dict(ranks=config.ranks, microbatches=config.microbatches, planner=config.planner,
                    compose=config.compose, compose_window=config.compose_window, cost_model=config.cost_model,
                    max_tokens=config.max_tokens, equal_count=config.equal_count, backend="inline",

@@ -157,13 +157,13 @@ class Messages:
         if block_bytes > self.service.message_bytes * self.service.config.ranks:
             await self.add([], last=True)
         run = self.epoch_run
-        self.sources.keep(set(run.held_units(planned.unit for planned in self.group).tolist()))
-        others = set(units_in((*(b.unit for b in run.window), *(p.unit for p in self.group)),
-                              len(run.unit_rows)).tolist())
+        unsent = [planned.unit for planned in self.group]
+        held = run.held_units(unsent)  # read by the carried rows, the open window or the steps not sent yet
+        self.sources.keep(set(held.tolist()))
         carried = run.pending  # fewer rows than a step, from a few units
-        units = [u for u in units_in((carried.unit,), len(run.unit_rows)).tolist() if u not in others]
-        if units:
-            await self.sources.shrink({u: np.sort(carried.row[carried.unit == u]) for u in units})
+        only_carried = np.setdiff1d(held, units_in((*(b.unit for b in run.window), *unsent), len(run.unit_rows)))
+        if len(only_carried):
+            await self.sources.shrink({u: np.sort(carried.row[carried.unit == u]) for u in only_carried.tolist()})
 
     async def _send(self) -> None:
         group, self.group, self.group_bytes = self.group, [], 0
