@@ -41,9 +41,9 @@ the lower lockstep bubble wins among them. Flat plans (one level) carry no rank 
 Finally each rank's microbatches are ordered heaviest first, aligning heavy bins across ranks.
 
 The starts run one at a time (the column fill first where a sample costs more than a mean bin) and the
-search stops at the first *certified* one: peak within ``CHOICE_TOLERANCE`` of the lower bound (and not
-above the lpt start's peak, or exactly at the bound before that start ran) and lockstep time within it of
-its floor ``max(total / R, costliest sample)``; the remaining starts could only tie.
+search stops at the first *certified* one: peak within ``CERTIFY_TOLERANCE`` of the lower bound and not
+above the lpt start's peak (exactly at the bound before that start ran), and lockstep time within it of
+its floor ``max(total / R, costliest sample)``; the remaining starts could gain at most that.
 """
 
 from __future__ import annotations
@@ -66,8 +66,8 @@ from balancer.zigzag import serpentine
 
 # Plans whose peaks differ by less than this fraction tie, and the lower lockstep bubble wins.
 CHOICE_TOLERANCE = 1e-5
-# The early exit takes a start whose peak is at the lower bound and whose time of the objective is within
-# this fraction of its floor: a later start could gain at most that (a lockstep bubble of 2.5e-4).
+# The early exit takes a start whose peak (once the lpt start ran) and time of the objective are within this
+# fraction of their bounds: a later start could gain at most that (a lockstep bubble of 2.5e-4).
 CERTIFY_TOLERANCE = 2.5e-4
 # Spare capacity of the columns below the top level: discrete samples cannot fill every bin exactly,
 # and the overshoot belongs in the lighter columns, never above the costliest sample.
@@ -201,13 +201,13 @@ class _Starts:
         return min((cand, leveled), key=lambda c: (_time(c, self.problem.objective), c.bubble))
 
     def certified(self, cand: Candidate) -> bool:
-        """No other start can do better than ``cand`` by more than CHOICE_TOLERANCE: its peak is at the
-        lower bound (and not above the lpt start's, or exactly at the bound before that start ran) and the
-        time of the objective (lockstep time, or the costliest rank total) within CERTIFY_TOLERANCE of its
-        floor ``max(total / R, costliest sample)``."""
+        """No other start can do better than ``cand`` by more than CERTIFY_TOLERANCE: its peak is within it of
+        the lower bound and not above the lpt start's peak (exactly at the bound before that start ran, so that
+        ``balanced`` is never worse than ``lpt``), and the time of the objective (lockstep time, or the costliest
+        rank total) within it of its floor ``max(total / R, costliest sample)``."""
         bound = self.lower_bound
         if np.isfinite(self.ceiling):
-            bound = min(bound * (1.0 + CHOICE_TOLERANCE), self.ceiling)
+            bound = min(bound * (1.0 + CERTIFY_TOLERANCE), self.ceiling)
         return cand.peak <= bound and _time(cand, self.problem.objective) <= self.time_floor * (1.0 + CERTIFY_TOLERANCE)
 
 

@@ -9,14 +9,14 @@ step, the starts ``balanced`` would run first, calling the same kernels with the
 - where a sample costs more than a mean bin and a rank's share more than that sample: the *stacked* start
   (``colfill.column_fill`` up to the peak bound, refined and exchanged towards the stacked levels, laid out);
   settled where it certifies;
-- elsewhere (every sample at most a mean bin), where no column start follows the flat ones (at least
-  ``fill_only`` samples per bin, and no ``equal_count`` below ``lpt_only`` samples): the flat starts, ``fill``
-  (``runs.deficit_fill``, without a token cap or ``equal_count``) and ``lpt`` (``runs.ring_lpt``), each spread
-  over its runs, refined, exchanged, tightened and regrouped onto ranks; settled by ``fill`` where it certifies,
-  else by the better of the two, chosen as ``balanced`` chooses.
+- elsewhere (every sample at most a mean bin): the flat starts, ``fill`` (``runs.deficit_fill``, without a token
+  cap or ``equal_count``) and ``lpt`` (``runs.ring_lpt``), each spread over its runs, refined, exchanged,
+  tightened and regrouped onto ranks; settled by ``fill`` where it certifies, else by the better of the two,
+  chosen as ``balanced`` chooses, where no column start follows them (at least ``fill_only`` samples per bin,
+  and no ``equal_count`` below ``lpt_only`` samples) or ``lpt`` certifies.
 
 A step it does not settle (the column fill runs first, the stacked start does not certify, the column starts
-may follow the flat ones, the ``lpt`` start finds no room) is ``balanced``'s to plan: what the kernel did for it
+follow flat ones that do not certify, the ``lpt`` start finds no room) is ``balanced``'s to plan: what the kernel did for it
 is done again there, so the steps it takes on are those its starts settle, every time or most of the time.
 Its twin is ``balanced`` itself: where this kernel settles a step, ``balancer.plan`` of that step returns the same
 ranks and slots (``tests/balancer/test_plan_steps.py``), bit for bit: sums are NumPy's pairwise sums
@@ -144,8 +144,7 @@ def _flat(lengths, costs, ranks, rules, seed, rank_objective, tolerances, budget
     microbatches, token_cap = rules.microbatches, rules.token_cap
     n, n_bins = lengths.shape[0], ranks * microbatches
     none = np.empty(0, dtype=np.int64)
-    if n < budgets[3] * n_bins or (rules.quotas and n < budgets[4]):
-        return none, none, none  # the column starts run unless a flat one certifies: all of them in ``balanced``
+    columned = n < budgets[3] * n_bins or (rules.quotas and n < budgets[4])  # column starts follow the flat ones
     runs = _runs(lengths, costs)
     threshold = bin_thresholds(np.full(n_bins, lower_bound), tolerances[0], costliest)
     time_bound = time_floor * (1.0 + tolerances[1])
@@ -168,7 +167,10 @@ def _flat(lengths, costs, ranks, rules, seed, rank_objective, tolerances, budget
     ceiling = _loads(lpt_bins, costs, n_bins).max()
     lpt_ranks, lpt_slots, lpt_scores = _polished_flat(lpt_bins, lengths, costs, ranks, rules, threshold, lower_bound,
                                                       budgets)
-    # certified or not, no start runs after lpt here: the better of the two
+    if columned and not (lpt_scores[0] <= min(lower_bound * (1.0 + tolerances[1]), ceiling)
+                         and _time(lpt_scores, rank_objective) <= time_bound):
+        return none, none, none  # not certified: the column starts run, in ``balanced``
+    # certified, or no start runs after lpt: the better of the two
     if has_fill and _better(fill_scores, 0, lpt_scores, 1, ceiling, tolerances[2], rank_objective):
         return fill_bins, fill_ranks, fill_slots
     return lpt_bins, lpt_ranks, lpt_slots

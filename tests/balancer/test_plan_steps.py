@@ -99,6 +99,29 @@ def test_the_first_starts_settle_most_composed_steps_in_the_kernel(objective, ra
                       ranks=ranks, microbatches=4, objective=objective)
 
 
+@pytest.mark.parametrize("objective", [Objective.LOCKSTEP, Objective.STEP])
+def test_light_steps_are_settled_in_the_kernel_where_a_flat_start_certifies(objective):
+    """32 samples a bin (1,024 onto 8 x 4: the column starts would follow the flat ones) and no sample above a
+    mean bin (lengths capped at 100): ``fill`` certifies a step, or ``lpt`` within the certificate's tolerance
+    where ``fill`` misses the bound by a few cost units, so every step is settled in the kernel, with the ranks
+    and slots ``balanced`` picks."""
+    rng = np.random.default_rng(0)
+    lengths = np.minimum(np.maximum(1, rng.lognormal(math.log(15), 1.2, 16 * 1024)), 100).astype(np.int64)
+    sizes = np.full(16, 1024, dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    costs = balancer.DEFAULT_COST_MODEL.cost(lengths)
+    assert all(costs[a:b].max() <= costs[a:b].sum() / 32 for a, b in zip(offsets[:-1], offsets[1:]))
+    settled, rank, slot = settled_steps(lengths, costs, offsets, ranks=8, microbatches=4, max_tokens=None,
+                                        equal_count=False, seed=0, objective=objective)
+    assert settled.all(), settled
+    for k in range(len(sizes)):
+        a, b = offsets[k], offsets[k + 1]
+        want = plan(lengths[a:b], ranks=8, microbatches=4, objective=objective)
+        np.testing.assert_array_equal(rank[a:b], want.rank)
+        np.testing.assert_array_equal(slot[a:b], want.microbatch)
+        assert want.metrics["max_over_lower_bound"] <= 1 + 2.5e-4
+
+
 def test_a_step_that_cannot_be_planned_is_named():
     lengths = np.array([5] * 10 + [5] * 9 + [60] + [5] * 10)
     with pytest.raises(StepError, match=r"sample 9 has length 60 > max_tokens=40") as info:
