@@ -60,7 +60,7 @@ from balancer.kernels.runs import deficit_fill, spread_runs
 from balancer.kernels.settle import settle_steps
 from balancer.lpt import flat_lpt_bins
 from balancer.polish import (REFINE_STEPS_PER_BIN, REFINE_TOLERANCE, REFINE_WORK_PER_SAMPLE, TIGHTEN_STEPS_PER_BIN,
-                             Candidate, lay_out, level_slot, polish, positive_levels)
+                             Candidate, lay_out, level_slot, polish, positive_levels, stacked_levels)
 from balancer.registry import Honours, Objective, Problem, register
 from balancer.zigzag import serpentine
 
@@ -180,7 +180,7 @@ class _Starts:
         else:  # the column fill stacked up to the lower bound, or to the lowest peak the other starts reached
             peak = self.lower_bound if name == "stack" else self.best_peak
             bins, fill_levels = column_fill(self.order, p.costs, p.lengths, p.ranks, p.rules, peak)
-            columns, levels = self.columns, _stacked_levels(p, bins, fill_levels, peak)
+            columns, levels = self.columns, stacked_levels(p, bins, fill_levels, peak)
             exact = peak
         if bins is None or np.any(bins < 0):
             return None
@@ -253,17 +253,6 @@ def _zigzag_start(problem: Problem, order: np.ndarray) -> np.ndarray | None:
         if problem.max_tokens is None:
             break
     return None
-
-
-def _stacked_levels(problem: Problem, bins: np.ndarray, fill_levels: np.ndarray, peak: float) -> np.ndarray:
-    """The stacked fill's levels for the local search, float64 (M,): the slots it filled to ``peak`` keep it;
-    each slot below keeps the costliest bin the fill left there, if above its level. Polished towards their
-    own levels, those slots' overshoot (a few parts in 1e4 of a rank's share) would be traded into the
-    top slots, above the peak that the flat starts reach exactly."""
-    if np.any(bins < 0):
-        return positive_levels(fill_levels)
-    loads = np.bincount(bins, weights=problem.costs, minlength=problem.n_bins).reshape(problem.ranks, -1)
-    return positive_levels(np.where(fill_levels >= peak, fill_levels, np.maximum(fill_levels, loads.max(axis=0))))
 
 
 def _peak(problem: Problem, bins: np.ndarray) -> float:

@@ -41,6 +41,17 @@ def positive_levels(levels: np.ndarray) -> np.ndarray:
     return np.maximum(levels, levels[0] * 1e-9 if levels[0] > 0 else 1.0)
 
 
+def stacked_levels(problem: Problem, bins: np.ndarray, fill_levels: np.ndarray, peak: float) -> np.ndarray:
+    """A stacked column fill's levels for the local search, float64 (M,): the slots it filled to ``peak`` keep it;
+    each slot below keeps the costliest bin the fill left there, if above its level. Polished towards their
+    own levels, those slots' overshoot (a few parts in 1e4 of a rank's share) would be traded into the
+    top slots, above the peak that the flat starts reach exactly."""
+    if np.any(bins < 0):
+        return positive_levels(fill_levels)
+    loads = np.bincount(bins, weights=problem.costs, minlength=problem.n_bins).reshape(problem.ranks, -1)
+    return positive_levels(np.where(fill_levels >= peak, fill_levels, np.maximum(fill_levels, loads.max(axis=0))))
+
+
 @dataclass
 class Candidate:
     bins: np.ndarray  # int64 (N,): bin of each sample, b = rank * M + slot before the layout

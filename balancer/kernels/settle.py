@@ -120,7 +120,7 @@ def _stack(lengths, costs, ranks, rules, seed, lower_bound, budgets, tolerance):
     for i in range(n):
         if bins[i] < 0:
             return np.empty(0, dtype=np.int64)
-    # the stacked levels (``balanced._stacked_levels``): filled slots keep the peak, the others the costliest
+    # the stacked levels (``polish.stacked_levels``): filled slots keep the peak, the others the costliest
     # bin the fill left there where above their level; then raised above zero (``polish.positive_levels``)
     grid = _loads(bins, costs, n_bins).reshape(ranks, microbatches)
     levels = np.empty(microbatches)
