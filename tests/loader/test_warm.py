@@ -37,7 +37,9 @@ def test_after_warm_a_run_calls_no_kernel_signature_it_did_not(tmp_path):
     good = synth(tmp_path / "synth", users=300, max_len=300, files=2, rows_per_group=50)
     runs = [(str(bad), dict(samples_per_step=17, max_seq_len=12, skip_corrupt=True)),
             (str(good), dict(samples_per_step=40, shuffle_window=120, compose_window=3, equal_count=True)),
-            (str(good), dict(samples_per_step=24, max_tokens=3000, max_seq_len=200, drop_last=True))]
+            (str(good), dict(samples_per_step=24, max_tokens=3000, max_seq_len=200, drop_last=True)),
+            (str(good), dict(samples_per_step=30, ranks_per_node=1)),  # three trainer nodes: locality-aware plans
+            (str(good), dict(samples_per_step=36, ranks_per_node=1, equal_count=True))]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(runs)], capture_output=True, text=True,
                           timeout=280, env=env, cwd=ROOT)
