@@ -25,9 +25,9 @@ across only what evens out the nodes' loads, choosing what crosses to move few t
    *stacked* up to it (``balanced``'s stack start: every rank's work in as few slots as that peak allows),
    kept where ``balanced`` would certify it, else the better of the two (peak, then lockstep time): on
    composed steps, whose heavy samples share steps, the unstacked fill alone left a lockstep bubble of about
-   0.001, enough to lose the quality rule in 3 of 16 steps. Above ``COLUMN_FILL_WORK`` (N R M: large batches), where no sample
-   costs more than a mean bin (every level is the mean), each node's samples are planned onto its ranks
-   alone by the non-local planner instead; otherwise there is no local plan.
+   0.001, enough to lose the quality rule in 3 of 16 steps. Above ``COLUMN_FILL_WORK`` (N R M: large
+   batches), where no sample costs more than a mean bin (every level is the mean), each node's samples are
+   planned onto its ranks alone by the non-local planner instead; otherwise there is no local plan.
 4. **Quality rule** (``LOCALITY_TOLERANCE`` = 0.1%): the local plan is kept when its peak bin cost and its
    lockstep time (``sum_j max_r C[r, j]``) are each within 0.1% of the non-local plan's (same method, same
    inputs). Neither can go below its floor (``lower_bound``, and ``max(total / R, costliest sample)``), so
@@ -182,11 +182,10 @@ def _grouped_plan(problem: Problem, layout: Layout, order: np.ndarray, node: np.
     sample costs more than a mean bin, first stacked up to the peak bound (``balanced``'s stack start), kept
     where ``balanced`` would certify it (peak at the bound, lockstep time within CERTIFY_TOLERANCE of its floor);
     else the better of the two as ``balanced`` chooses (peak, then lockstep time)."""
-    costliest = float(problem.costs.max())
-    stacked = (_grouped_fill(problem, layout, order, node, costliest)
-               if costliest > float(problem.costs.sum()) / problem.n_bins else None)
-    if stacked is not None and stacked.peak <= costliest and stacked.lockstep <= max(
-            float(problem.costs.sum()) / problem.ranks, costliest) * (1.0 + CERTIFY_TOLERANCE):
+    total, costliest = float(problem.costs.sum()), float(problem.costs.max())
+    stacked = _grouped_fill(problem, layout, order, node, costliest) if costliest > total / problem.n_bins else None
+    if (stacked is not None and stacked.peak <= costliest
+            and stacked.lockstep <= max(total / problem.ranks, costliest) * (1.0 + CERTIFY_TOLERANCE)):
         return stacked  # certified as ``balanced`` certifies its stack start: the other fill could only tie
     plain = _grouped_fill(problem, layout, order, node, 0.0)
     found = [local for local in (stacked, plain) if local is not None]

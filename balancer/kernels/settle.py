@@ -16,8 +16,9 @@ step, the starts ``balanced`` would run first, calling the same kernels with the
   and no ``equal_count`` below ``lpt_only`` samples) or ``lpt`` certifies.
 
 A step it does not settle (the column fill runs first, the stacked start does not certify, the column starts
-follow flat ones that do not certify, the ``lpt`` start finds no room) is ``balanced``'s to plan: what the kernel did for it
-is done again there, so the steps it takes on are those its starts settle, every time or most of the time.
+follow flat ones that do not certify, the ``lpt`` start finds no room) is ``balanced``'s to plan: what the kernel
+did for it is done again there, so the steps it takes on are those its starts settle, every time or most of the
+time.
 Its twin is ``balanced`` itself: where this kernel settles a step, ``balancer.plan`` of that step returns the same
 ranks and slots (``tests/balancer/test_plan_steps.py``), bit for bit: sums are NumPy's pairwise sums
 (``totals.pairwise_sum``), per-bin loads add samples in index order as ``np.bincount`` does.
