@@ -31,6 +31,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from balancer.kernels.order import sorted_by_cost
 from balancer.kernels.totals import pairwise_sum
 
 
@@ -188,7 +189,7 @@ def repair(step, costs, lengths, light, n_steps, ranks, token_room):
     if deficit.max() <= 0.0:
         return 0
     receivers = np.argsort(-deficit, kind="mergesort")
-    by_cost = light[np.argsort(-costs[light], kind="mergesort")]  # lights, costliest first
+    by_cost = sorted_by_cost(costs, light, True)  # lights, costliest first
     donors = by_cost[deficit[step[by_cost]] < 0.0]
     # the lights of each step, window order (a receiver's lights change only through its own swaps)
     light_start = np.zeros(n_steps + 1, dtype=np.int64)
@@ -208,7 +209,7 @@ def repair(step, costs, lengths, light, n_steps, ranks, token_room):
         if deficit[k] <= 0.0:
             break
         mine = grouped[light_start[k] : light_start[k + 1]]
-        mine = mine[np.argsort(costs[mine], kind="mergesort")]  # lightest first
+        mine = sorted_by_cost(costs, mine, False)  # lightest first
         x = 0
         while deficit[k] > 0.0 and x < mine.shape[0] and d < donors.shape[0]:
             y = donors[d]
@@ -317,7 +318,7 @@ def even_layers(step, costs, lengths, bulky, n_steps, ranks, token_room, pinned)
         if need[b] > 0:
             theirs = order[starts[b] : starts[b + 1]]
             theirs = theirs[(costs[theirs] <= bulky) & (theirs >= pinned)]
-            theirs = theirs[np.argsort(-costs[theirs], kind="mergesort")]
+            theirs = sorted_by_cost(costs, theirs, True)
             offer[offer_start[b] : offer_start[b] + theirs.shape[0]] = theirs
             offer_start[b + 1] += theirs.shape[0]
     given = offer_start[:-1].copy()  # (K,) next sample each rising step offers
@@ -328,7 +329,7 @@ def even_layers(step, costs, lengths, bulky, n_steps, ranks, token_room, pinned)
             continue
         mine = order[starts[a] : starts[a + 1]]
         mine = mine[(costs[mine] > bulky) & (step[mine] == a) & (mine >= pinned)]
-        mine = mine[np.argsort(costs[mine], kind="mergesort")]  # cheapest bulky first
+        mine = sorted_by_cost(costs, mine, False)  # cheapest bulky first
         x = 0
         for b in range(n_steps):
             if give == 0 or x >= mine.shape[0]:

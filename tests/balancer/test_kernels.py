@@ -55,6 +55,21 @@ def test_order_by_length_desc_radix_passes_match_reference(lengths, seed):
     np.testing.assert_array_equal(O.order_by_length_desc(lengths, seed), O.order_by_length_desc_ref(lengths, seed))
 
 
+@given(st.lists(st.sampled_from([0.0, -0.0, 1.0, 4.0, 2.5, -3.0, 1e-300, 4.4e8, 1e300, float("inf")]),
+                min_size=1, max_size=60),
+       st.integers(0, 2**31), st.booleans(), st.sampled_from([1, 40, 4096]))
+@settings(max_examples=60, deadline=None)
+def test_sorted_by_cost_is_a_stable_argsort(pool, seed, descending, scale):
+    # scale 4096 draws thousands of costs (the radix passes), 1 and 40 fewer (the merge sort); many ties
+    rng = np.random.default_rng(seed)
+    costs = rng.choice(np.asarray(pool), size=len(pool) * scale)
+    if scale > 1:
+        costs = np.where(rng.random(costs.size) < 0.5, costs, rng.lognormal(3.0, 1.2, costs.size).round() ** 2)
+    idx = np.sort(rng.choice(costs.size, size=max(1, costs.size * 3 // 4), replace=False)).astype(np.int64)
+    want = idx[np.argsort(-costs[idx] if descending else costs[idx], kind="stable")]
+    np.testing.assert_array_equal(O.sorted_by_cost(costs, idx, descending), want)
+
+
 def test_order_tiebreak_depends_on_seed():
     lengths = np.full(50, 7, dtype=np.int64)
     assert not np.array_equal(O.order_by_length_desc(lengths, 1), O.order_by_length_desc(lengths, 2))
