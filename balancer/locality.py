@@ -23,7 +23,7 @@ across only what evens out the nodes' loads, choosing what crosses to move few t
    exchange over all bins (a few moves may cross nodes where they lower a bin over its level) and each
    rank's microbatches heaviest first. Where a sample costs more than a mean bin, the fill is first
    *stacked* up to it (``balanced``'s stack start: every rank's work in as few slots as that peak allows),
-   kept where ``balanced`` would certify it, else the better of the two (peak, then lockstep time): on
+   kept where it meets ``balanced``'s certificate, else the better of the two (peak, then lockstep time): on
    composed steps, whose heavy samples share steps, the unstacked fill alone left a lockstep bubble of about
    0.001, enough to lose the quality rule in 3 of 16 steps. Above ``COLUMN_FILL_WORK`` (N R M: large
    batches), where no sample costs more than a mean bin (every level is the mean), each node's samples are
@@ -180,8 +180,9 @@ def _local_plan(problem: Problem, layout: Layout, order: np.ndarray, plain: Plan
 def _grouped_plan(problem: Problem, layout: Layout, order: np.ndarray, node: np.ndarray) -> _Local | None:
     """The grouped column fill over ranks numbered node by node, polished by ``balanced``'s search. Where a
     sample costs more than a mean bin, first stacked up to the peak bound (``balanced``'s stack start), kept
-    where ``balanced`` would certify it (peak at the bound, lockstep time within CERTIFY_TOLERANCE of its floor);
-    else the better of the two as ``balanced`` chooses (peak, then lockstep time)."""
+    where it meets ``balanced``'s certificate for that start (peak at the bound, lockstep time within
+    CERTIFY_TOLERANCE of its floor); else the better of the two: the lower peak (within CHOICE_TOLERANCE), then
+    the lower lockstep time, the time the quality rule compares."""
     total, costliest = float(problem.costs.sum()), float(problem.costs.max())
     stacked = _grouped_fill(problem, layout, order, node, costliest) if costliest > total / problem.n_bins else None
     if (stacked is not None and stacked.peak <= costliest
@@ -191,7 +192,7 @@ def _grouped_plan(problem: Problem, layout: Layout, order: np.ndarray, node: np.
     found = [local for local in (stacked, plain) if local is not None]
     if not found:
         return None
-    lowest = min(local.peak for local in found)  # as ``balanced`` chooses: the lowest peak, then lockstep time
+    lowest = min(local.peak for local in found)
     return min((local for local in found if local.peak <= lowest * (1.0 + CHOICE_TOLERANCE)),
                key=lambda local: local.lockstep)
 

@@ -72,7 +72,8 @@ def warm_kernels(config: LoaderConfig, *, rows: int = 400) -> Warmed:
     started = time.perf_counter()
     options = dict(ranks=config.ranks, microbatches=config.microbatches, planner=config.planner,
                    compose=config.compose, compose_window=config.compose_window, cost_model=config.cost_model,
-                   max_tokens=config.max_tokens, equal_count=config.equal_count, backend="inline",
+                   max_tokens=config.max_tokens, equal_count=config.equal_count, locality=config.locality,
+                   backend="inline",
                    samples_per_step=max(config.ranks * config.microbatches, rows // 8),
                    max_seq_len=min(48, config.max_tokens or 48))
     with tempfile.TemporaryDirectory(prefix="freescale-warm-") as tmp:

@@ -71,52 +71,23 @@ def _counting_desc(lengths, max_len):
 @njit(cache=True, nogil=True)
 def _radix_desc(lengths, max_len):
     """Indices by length, longest first, ties by index: LSD radix passes over ``max_len - length``."""
-    n = lengths.shape[0]
-    buckets = 1 << RADIX_BITS
-    src = np.arange(n, dtype=np.int64)
-    dst = np.empty(n, dtype=np.int64)
-    count = np.empty(buckets + 1, dtype=np.int64)
-    shift = 0
-    while (max_len >> shift) > 0:
-        count[:] = 0
-        for i in range(n):
-            count[((max_len - lengths[i]) >> shift & (buckets - 1)) + 1] += 1
-        for d in range(buckets):
-            count[d + 1] += count[d]
-        for p in range(n):
-            i = src[p]
-            d = (max_len - lengths[i]) >> shift & (buckets - 1)
-            dst[count[d]] = i
-            count[d] += 1
-        src, dst = dst, src
-        shift += RADIX_BITS
-    return src
+    keys = np.empty(lengths.shape[0], dtype=np.uint64)
+    for i in range(lengths.shape[0]):
+        keys[i] = np.uint64(max_len - lengths[i])
+    return _radix_order(keys)
 
 
-@njit(cache=True, nogil=True)
-def sorted_by_cost(costs, idx, descending):
-    """``idx`` (int64 (n,)) ordered by ``costs[idx]`` (float64, no NaN), costliest first where ``descending``,
-    equal costs in ``idx``'s order: ``idx[np.argsort(-costs[idx] if descending else costs[idx], kind="stable")]``.
-    From ``RADIX_SORT_FROM`` indices on, LSD radix passes of ``RADIX_BITS`` bits over order-preserving integer
-    keys of the costs (IEEE bits, negatives flipped, -0.0 as 0.0), skipping the digits every key shares (the low
-    mantissa bits of integer-valued costs, the exponent's high bits)."""
-    n = idx.shape[0]
-    if n < RADIX_SORT_FROM:
-        values = costs[idx]
-        return idx[np.argsort(-values if descending else values, kind="mergesort")]
-    sign = np.uint64(1) << np.uint64(63)
-    keys = np.empty(n, dtype=np.uint64)
-    bits = costs.view(np.uint64)
-    for p in range(n):
-        b = bits[idx[p]]
-        k = sign if costs[idx[p]] == 0.0 else (~b if b & sign else b | sign)
-        keys[p] = ~k if descending else k
+@njit(cache=True, nogil=True, inline="always")
+def _radix_order(keys):
+    """Positions of ``keys`` (uint64 (n,)) in ascending key order, ties in position order: LSD radix passes of
+    ``RADIX_BITS`` bits, skipping the digits every key shares."""
+    n = keys.shape[0]
     varying = np.uint64(0)  # the key bits that differ between keys
     for p in range(n):
         varying |= keys[p] ^ keys[0]
     buckets = 1 << RADIX_BITS
     mask = np.uint64(buckets - 1)
-    src = np.arange(n, dtype=np.int64)  # positions in idx
+    src = np.arange(n, dtype=np.int64)
     dst = np.empty(n, dtype=np.int64)
     count = np.empty(buckets + 1, dtype=np.int64)
     shift = np.uint64(0)
@@ -134,7 +105,28 @@ def sorted_by_cost(costs, idx, descending):
                 count[d] += 1
             src, dst = dst, src
         shift += np.uint64(RADIX_BITS)
-    return idx[src]
+    return src
+
+
+@njit(cache=True, nogil=True)
+def sorted_by_cost(costs, idx, descending):
+    """``idx`` (int64 (n,)) ordered by ``costs[idx]`` (float64, no NaN), costliest first where ``descending``,
+    equal costs in ``idx``'s order: ``idx[np.argsort(-costs[idx] if descending else costs[idx], kind="stable")]``.
+    From ``RADIX_SORT_FROM`` indices on, radix passes (``_radix_order``) over order-preserving integer keys of the
+    costs (IEEE bits, negatives flipped, -0.0 as 0.0): the low mantissa bits of integer-valued costs and the
+    exponent's high bits are digits every key shares, skipped."""
+    n = idx.shape[0]
+    if n < RADIX_SORT_FROM:
+        values = costs[idx]
+        return idx[np.argsort(-values if descending else values, kind="mergesort")]
+    sign = np.uint64(1) << np.uint64(63)
+    keys = np.empty(n, dtype=np.uint64)
+    bits = costs.view(np.uint64)
+    for p in range(n):
+        b = bits[idx[p]]
+        k = sign if costs[idx[p]] == 0.0 else (~b if b & sign else b | sign)
+        keys[p] = ~k if descending else k
+    return idx[_radix_order(keys)]
 
 
 def order_by_length_desc_ref(lengths: np.ndarray, seed: int) -> np.ndarray:
