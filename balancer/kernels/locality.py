@@ -3,6 +3,7 @@ samples over nodes, and the trades that bring samples home without moving a boun
 
 - ``away``: samples and tokens placed on a rank of another node than their home;
 - ``split_nodes``: each sample's node (steps 1-2 of ``balancer.locality``'s docstring);
+- ``swap_bins``: whole bins of one slot trade ranks across nodes where that brings tokens home (step 5);
 - ``swap_home``: pairs of samples each on the other's home node trade places (step 5);
 - ``settle``: samples of equal length trade places so the most sit home (step 6).
 """
@@ -333,21 +334,30 @@ def swap_home(order, costs, lengths, home, rank_node, rank, slot, rules):
         used[i] = True
         used[best] = True
         swaps += 1
-    if swaps:  # each rank's microbatches heaviest first again (ties: lower slot)
-        position = np.empty(R * M, dtype=np.int64)  # new slot of each old bin
-        by_load = np.empty(M, dtype=np.int64)
-        for r in range(R):
-            for j in range(M):  # insertion sort of the rank's slots by descending load
-                p = j
-                while p > 0 and loads[r * M + by_load[p - 1]] < loads[r * M + j]:
-                    by_load[p] = by_load[p - 1]
-                    p -= 1
-                by_load[p] = j
-            for p in range(M):
-                position[r * M + by_load[p]] = p
-        for i in range(n):
-            slot[i] = position[rank[i] * M + slot[i]]
+    if swaps:
+        _heaviest_first(loads, rank, slot, M)
     return swaps
+
+
+@njit(cache=True, nogil=True)
+def _heaviest_first(loads, rank, slot, microbatches):
+    """Each rank's microbatches renumbered heaviest first (ties: lower slot), ``slot`` in place; ``loads``
+    (float64 (R*M,)): the cost of bin ``rank * M + slot`` as ``rank``/``slot`` stand."""
+    M = microbatches
+    R = loads.shape[0] // M
+    position = np.empty(R * M, dtype=np.int64)  # new slot of each old bin
+    by_load = np.empty(M, dtype=np.int64)
+    for r in range(R):
+        for j in range(M):  # insertion sort of the rank's slots by descending load
+            p = j
+            while p > 0 and loads[r * M + by_load[p - 1]] < loads[r * M + j]:
+                by_load[p] = by_load[p - 1]
+                p -= 1
+            by_load[p] = j
+        for p in range(M):
+            position[r * M + by_load[p]] = p
+    for i in range(rank.shape[0]):
+        slot[i] = position[rank[i] * M + slot[i]]
 
 
 @njit(cache=True, nogil=True)
@@ -415,13 +425,186 @@ def swap_home_ref(order, costs, lengths, home, rank_node, rank, slot, rules) -> 
         used.update((int(i), int(best)))
         swaps += 1
     if swaps:
-        position = {}
-        for r in range(R):
-            for p, j in enumerate(sorted(range(M), key=lambda j: (-loads[r * M + j], j))):
-                position[r, j] = p
-        for i in range(len(costs)):
-            slot[i] = position[int(rank[i]), int(slot[i])]
+        _heaviest_first_ref(loads, rank, slot, M)
     return swaps
+
+
+def _heaviest_first_ref(loads, rank, slot, microbatches) -> None:
+    """Plain twin of ``_heaviest_first``."""
+    M = microbatches
+    position = {}
+    for r in range(len(loads) // M):
+        for p, j in enumerate(sorted(range(M), key=lambda j: (-loads[r * M + j], j))):
+            position[r, j] = p
+    for i in range(len(rank)):
+        slot[i] = position[int(rank[i]), int(slot[i])]
+
+
+# ``swap_bins`` goes over a slot's ranks at most this many times (each pass that trades brings tokens home).
+BIN_PASSES = 4
+
+
+@njit(cache=True, nogil=True)
+def swap_bins(costs, lengths, home, rank_node, rank, slot, rules):
+    """Whole bins of one slot trade ranks across nodes where that brings more tokens home; ``rank``/``slot``
+    (int64 (N,)) in place. Returns the number of trades.
+
+    A bin's *target* is the node most of its tokens are homed on (ties: the lower node). Slot by slot, over
+    the ranks in order, the bin on a rank off its target trades with the bin of the same slot on one of the
+    target's ranks (ascending) that brings the most tokens home, counted over both bins, if any does, where
+    neither rank's total rises above the costliest rank total and, under ``rules.quotas``, both bins hold
+    as many samples; up to ``BIN_PASSES`` passes a slot, while one trades. Bins move whole: no bin's cost,
+    tokens or count changes, nor any slot's costliest bin (the peak and the lockstep time stay), nor the
+    step bubble. Then each rank's microbatches are renumbered heaviest first (ties: lower slot), which can
+    only lower the lockstep time. Where a plan's samples are nearly one a bin (a thousand ranks), the trades
+    ``swap_home`` makes, two samples each on the other's home, are rare; one bin leaving for its home alone
+    is not."""
+    n = costs.shape[0]
+    K, R, M = rank_node.max() + 1, rank_node.shape[0], rules.microbatches
+    loads = np.zeros(R * M)  # by bin id: the bin at rank r, slot j before any trade is r * M + j
+    counts = np.zeros(R * M, dtype=np.int64)
+    rank_total = np.zeros(R)
+    key = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        b = rank[i] * M + slot[i]
+        loads[b] += costs[i]
+        counts[b] += 1
+        rank_total[rank[i]] += costs[i]
+        key[i] = b * K + home[i]
+    rank_max = rank_total.max()
+    # tokens of each bin homed on each node, for the nodes that have any: entries by (bin, node)
+    by_key = np.argsort(key, kind="mergesort")
+    entry_node = np.empty(n, dtype=np.int64)
+    entry_tokens = np.zeros(n, dtype=np.int64)
+    bin_start = np.zeros(R * M + 1, dtype=np.int64)
+    m, last = 0, -1
+    for q in range(n):
+        i = by_key[q]
+        if key[i] != last:
+            last = key[i]
+            entry_node[m] = home[i]
+            bin_start[last // K + 1] += 1
+            m += 1
+        entry_tokens[m - 1] += lengths[i]
+    for b in range(R * M):
+        bin_start[b + 1] += bin_start[b]
+    target = np.full(R * M, -1, dtype=np.int64)
+    for b in range(R * M):
+        most = 0
+        for e in range(bin_start[b], bin_start[b + 1]):
+            if entry_tokens[e] > most:
+                most, target[b] = entry_tokens[e], entry_node[e]
+    by_node = np.argsort(rank_node, kind="mergesort")
+    node_start = np.zeros(K + 1, dtype=np.int64)
+    for r in range(R):
+        node_start[rank_node[r] + 1] += 1
+    for k in range(K):
+        node_start[k + 1] += node_start[k]
+    at = np.arange(R * M)  # the bin at each place rank * M + slot
+    trades = 0
+    for j in range(M):
+        for _ in range(BIN_PASSES):
+            traded = False
+            for r1 in range(R):
+                b1, n1 = at[r1 * M + j], rank_node[r1]
+                t = target[b1]
+                if t < 0 or t == n1:
+                    continue
+                stay = _homed(b1, t, bin_start, entry_node, entry_tokens) - _homed(b1, n1, bin_start, entry_node,
+                                                                                   entry_tokens)
+                best, pick = 0, -1
+                for q in range(node_start[t], node_start[t + 1]):
+                    r2 = by_node[q]
+                    b2 = at[r2 * M + j]
+                    gain = stay + (_homed(b2, n1, bin_start, entry_node, entry_tokens)
+                                   - _homed(b2, t, bin_start, entry_node, entry_tokens))
+                    if gain <= best:
+                        continue
+                    d = loads[b2] - loads[b1]
+                    if rank_total[r1] + d > rank_max or rank_total[r2] - d > rank_max:
+                        continue
+                    if rules.quotas and counts[b1] != counts[b2]:
+                        continue
+                    best, pick = gain, r2
+                if pick < 0:
+                    continue
+                b2 = at[pick * M + j]
+                d = loads[b2] - loads[b1]
+                rank_total[r1] += d
+                rank_total[pick] -= d
+                at[r1 * M + j], at[pick * M + j] = b2, b1
+                trades += 1
+                traded = True
+            if not traded:
+                break
+    if trades:
+        held_by = np.empty(R * M, dtype=np.int64)  # the rank now holding each bin
+        place_loads = np.empty(R * M)
+        for place in range(R * M):
+            held_by[at[place]] = place // M
+            place_loads[place] = loads[at[place]]
+        for i in range(n):
+            rank[i] = held_by[rank[i] * M + slot[i]]
+        _heaviest_first(place_loads, rank, slot, M)
+    return trades
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _homed(b, node, bin_start, entry_node, entry_tokens):
+    """Tokens of bin ``b`` homed on ``node``."""
+    lo, hi = bin_start[b], bin_start[b + 1]
+    e = lo + np.searchsorted(entry_node[lo:hi], node)
+    return entry_tokens[e] if e < hi and entry_node[e] == node else 0
+
+
+def swap_bins_ref(costs, lengths, home, rank_node, rank, slot, rules) -> int:
+    """Plain twin of ``swap_bins``."""
+    R, M = len(rank_node), rules.microbatches
+    bins = [int(r) * M + int(j) for r, j in zip(rank, slot)]
+    loads, counts, homed = [0.0] * (R * M), [0] * (R * M), [{} for _ in range(R * M)]
+    rank_total = np.zeros(R)
+    for i, b in enumerate(bins):
+        loads[b] += costs[i]
+        counts[b] += 1
+        rank_total[b // M] += costs[i]
+        homed[b][int(home[i])] = homed[b].get(int(home[i]), 0) + int(lengths[i])
+    rank_max = rank_total.max(initial=0.0)
+    target = [min(h, key=lambda k: (-h[k], k)) if any(h.values()) else -1 for h in homed]
+    at = list(range(R * M))
+    trades = 0
+    for j in range(M):
+        for _ in range(BIN_PASSES):
+            traded = False
+            for r1 in range(R):
+                b1, n1 = at[r1 * M + j], int(rank_node[r1])
+                t = target[b1]
+                if t < 0 or t == n1:
+                    continue
+                best, pick = 0, None
+                for r2 in (r for r in range(R) if rank_node[r] == t):
+                    b2 = at[r2 * M + j]
+                    gain = (homed[b1].get(t, 0) - homed[b1].get(n1, 0)) + (homed[b2].get(n1, 0) - homed[b2].get(t, 0))
+                    d = loads[b2] - loads[b1]
+                    if (gain > best and rank_total[r1] + d <= rank_max and rank_total[r2] - d <= rank_max
+                            and (not rules.quotas or counts[b1] == counts[b2])):
+                        best, pick = gain, r2
+                if pick is None:
+                    continue
+                b2 = at[pick * M + j]
+                d = loads[b2] - loads[b1]
+                rank_total[r1] += d
+                rank_total[pick] -= d
+                at[r1 * M + j], at[pick * M + j] = b2, b1
+                trades += 1
+                traded = True
+            if not traded:
+                break
+    if trades:
+        held_by = {b: place // M for place, b in enumerate(at)}
+        for i, b in enumerate(bins):
+            rank[i] = held_by[b]
+        _heaviest_first_ref([loads[b] for b in at], rank, slot, M)
+    return trades
 
 
 @njit(cache=True, nogil=True)
