@@ -464,26 +464,26 @@ def swap_bins(costs, lengths, home, rank_node, rank, slot, rules):
     loads = np.zeros(R * M)  # by bin id: the bin at rank r, slot j before any trade is r * M + j
     counts = np.zeros(R * M, dtype=np.int64)
     rank_total = np.zeros(R)
-    key = np.empty(n, dtype=np.int64)
+    bins = np.empty(n, dtype=np.int64)
     for i in range(n):
-        b = rank[i] * M + slot[i]
+        b = bins[i] = rank[i] * M + slot[i]
         loads[b] += costs[i]
         counts[b] += 1
         rank_total[rank[i]] += costs[i]
-        key[i] = b * K + home[i]
     rank_max = rank_total.max()
     # tokens of each bin homed on each node, for the nodes that have any: entries by (bin, node)
-    by_key = np.argsort(key, kind="mergesort")
+    by_key = _counting_order(bins, R * M, _counting_order(home, K, np.arange(n)))
     entry_node = np.empty(n, dtype=np.int64)
     entry_tokens = np.zeros(n, dtype=np.int64)
     bin_start = np.zeros(R * M + 1, dtype=np.int64)
     m, last = 0, -1
     for q in range(n):
         i = by_key[q]
-        if key[i] != last:
-            last = key[i]
+        key = bins[i] * K + home[i]
+        if key != last:
+            last = key
             entry_node[m] = home[i]
-            bin_start[last // K + 1] += 1
+            bin_start[bins[i] + 1] += 1
             m += 1
         entry_tokens[m - 1] += lengths[i]
     for b in range(R * M):
@@ -547,6 +547,21 @@ def swap_bins(costs, lengths, home, rank_node, rank, slot, rules):
             rank[i] = held_by[rank[i] * M + slot[i]]
         _heaviest_first(place_loads, rank, slot, M)
     return trades
+
+
+@njit(cache=True, nogil=True)
+def _counting_order(keys, size, items):
+    """``items`` (int64 (n,), indices into ``keys``) stably ordered by ``keys[item]`` in ``0 .. size - 1``."""
+    start = np.zeros(size + 1, dtype=np.int64)
+    for i in items:
+        start[keys[i] + 1] += 1
+    for k in range(size):
+        start[k + 1] += start[k]
+    out = np.empty(items.shape[0], dtype=np.int64)
+    for i in items:
+        out[start[keys[i]]] = i
+        start[keys[i]] += 1
+    return out
 
 
 @njit(cache=True, nogil=True, inline="always")
