@@ -34,9 +34,13 @@ across only what evens out the nodes' loads, choosing what crosses to move few t
    a local plan within 0.1% of both floors is kept without planning the non-local one; otherwise the
    non-local plan is computed and compared. When the local plan loses (or there is none), the non-local
    plan is used with its ranks assigned to nodes to keep the most tokens home (``home_ranks``).
-5. **Trades** (``kernels.locality.swap_home``): two samples each on the other's home node trade places where
-   no bin rises above its slot's costliest bin, no rank above the costliest rank total and no bin above the
-   token cap (so the peak, lockstep time and step bubble do not rise).
+5. **Trades**: whole bins of one slot trade ranks across nodes where that brings tokens home
+   (``kernels.locality.swap_bins``: a bin goes to the node most of its tokens are homed on, no rank above the
+   costliest rank total; bins move whole, so no bin and no slot's costliest bin changes); then two samples
+   each on the other's home node trade places (``kernels.locality.swap_home``) where no bin rises above its
+   slot's costliest bin, no rank above the costliest rank total and no bin above the token cap (so the peak,
+   lockstep time and step bubble do not rise). Where the non-local plan holds about a sample a bin (1,024
+   ranks), the bin trades are what brings tokens home: two samples each on the other's home are rare there.
 6. **Settle** (``kernels.locality.settle``): samples of equal length (equal cost and tokens) trade places so
    that as many as possible sit on their home node; no bin's load, tokens or count changes.
 
