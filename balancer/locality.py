@@ -57,7 +57,7 @@ import numpy as np
 
 from balancer.balanced import CERTIFY_TOLERANCE, CHOICE_TOLERANCE
 from balancer.kernels.colfill import COLUMN_FILL_WORK, column_fill_grouped
-from balancer.kernels.locality import away, settle, split_nodes, swap_bins, swap_home
+from balancer.kernels.locality import away, move_home, settle, split_nodes, swap_bins, swap_home
 from balancer.polish import Candidate, lay_out, polish, positive_levels, stacked_levels
 from balancer.registry import Planner, Problem
 
@@ -155,6 +155,7 @@ def plan_local(problem: Problem, layout: Layout, plain: Planner) -> tuple[np.nda
         else:
             rank = home_ranks(rank, problem.lengths, layout)[rank]
     swap_bins(problem.costs, problem.lengths, layout.home, layout.rank_node, rank, slot, problem.rules)
+    move_home(order, problem.costs, problem.lengths, layout.home, layout.rank_node, rank, slot, problem.rules)
     swap_home(order, problem.costs, problem.lengths, layout.home, layout.rank_node, rank, slot, problem.rules)
     settle(order, problem.lengths, layout.home, layout.rank_node, rank, slot)
     return rank, slot, kept

@@ -4,6 +4,7 @@ samples over nodes, and the trades that bring samples home without moving a boun
 - ``away``: samples and tokens placed on a rank of another node than their home;
 - ``split_nodes``: each sample's node (steps 1-2 of ``balancer.locality``'s docstring);
 - ``swap_bins``: whole bins of one slot trade ranks across nodes where that brings tokens home (step 5);
+- ``move_home``: samples away from home move into room on their home node's bins (step 5);
 - ``swap_home``: pairs of samples each on the other's home node trade places (step 5);
 - ``settle``: samples of equal length trade places so the most sit home (step 6).
 """
@@ -438,6 +439,113 @@ def _heaviest_first_ref(loads, rank, slot, microbatches) -> None:
             position[r, j] = p
     for i in range(len(rank)):
         slot[i] = position[int(rank[i]), int(slot[i])]
+
+
+@njit(cache=True, nogil=True)
+def move_home(order, costs, lengths, home, rank_node, rank, slot, rules):
+    """Samples away from home move into a bin of their home node that has room; ``rank``/``slot`` (int64 (N,))
+    in place. Returns the number of moves.
+
+    Samples in ``order`` (costliest first); one off its home node goes to the bin of that node's ranks that it
+    fills closest to its slot's costliest bin without passing it (ties: the lower rank, then the lower slot),
+    where the rank's total stays within the costliest rank total and the bin within the token cap of ``rules``;
+    so the peak, the lockstep time and the step bubble do not rise. Counts change, so nothing moves under
+    ``rules.quotas``. A bin below its slot's costliest bin has room a balanced plan cannot use (the slot's time
+    is its costliest bin's): where a plan holds a few samples a bin (1,024 ranks), most of that room is on other
+    nodes than the samples that fit it. Then each rank's microbatches are renumbered heaviest first (ties:
+    lower slot), which can only lower the lockstep time."""
+    n = costs.shape[0]
+    if rules.quotas or n == 0:
+        return 0
+    R, M, token_cap = rank_node.shape[0], rules.microbatches, rules.token_cap
+    loads = np.zeros(R * M)
+    tokens = np.zeros(R * M, dtype=np.int64)
+    rank_total = np.zeros(R)
+    for i in range(n):
+        b = rank[i] * M + slot[i]
+        loads[b] += costs[i]
+        tokens[b] += lengths[i]
+        rank_total[rank[i]] += costs[i]
+    column_max = np.zeros(M)
+    for b in range(R * M):
+        column_max[b % M] = max(column_max[b % M], loads[b])
+    rank_max = rank_total.max()
+    by_node = _counting_order(rank_node, rank_node.max() + 1, np.arange(R))
+    node_start = np.zeros(rank_node.max() + 2, dtype=np.int64)
+    for r in range(R):
+        node_start[rank_node[r] + 1] += 1
+    for k in range(node_start.shape[0] - 1):
+        node_start[k + 1] += node_start[k]
+    moves = 0
+    for i in order:
+        k = home[i]
+        if rank_node[rank[i]] == k:
+            continue
+        pick, least = -1, np.inf
+        for q in range(node_start[k], node_start[k + 1]):
+            r = by_node[q]
+            if rank_total[r] + costs[i] > rank_max:
+                continue
+            for j in range(M):
+                b = r * M + j
+                filled = loads[b] + costs[i]
+                if filled > column_max[j] or column_max[j] - filled >= least:
+                    continue
+                if token_cap > 0 and tokens[b] + lengths[i] > token_cap:
+                    continue
+                pick, least = b, column_max[j] - filled
+        if pick < 0:
+            continue
+        b = rank[i] * M + slot[i]
+        loads[b] -= costs[i]
+        tokens[b] -= lengths[i]
+        rank_total[rank[i]] -= costs[i]
+        loads[pick] += costs[i]
+        tokens[pick] += lengths[i]
+        rank_total[pick // M] += costs[i]
+        rank[i], slot[i] = pick // M, pick % M
+        moves += 1
+    if moves:
+        _heaviest_first(loads, rank, slot, M)
+    return moves
+
+
+def move_home_ref(order, costs, lengths, home, rank_node, rank, slot, rules) -> int:
+    """Plain twin of ``move_home``."""
+    n = len(costs)
+    if rules.quotas or n == 0:
+        return 0
+    R, M, token_cap = len(rank_node), rules.microbatches, rules.token_cap
+    loads, tokens, rank_total = np.zeros(R * M), np.zeros(R * M, dtype=np.int64), np.zeros(R)
+    for i in range(n):
+        loads[rank[i] * M + slot[i]] += costs[i]
+        tokens[rank[i] * M + slot[i]] += int(lengths[i])
+        rank_total[rank[i]] += costs[i]
+    column_max = [max(loads[r * M + j] for r in range(R)) for j in range(M)]
+    rank_max = rank_total.max()
+    moves = 0
+    for i in order:
+        if rank_node[rank[i]] == home[i]:
+            continue
+        fits = [(column_max[b % M] - (loads[b] + costs[i]), b) for r in range(R) if rank_node[r] == home[i]
+                if rank_total[r] + costs[i] <= rank_max for b in range(r * M, (r + 1) * M)
+                if loads[b] + costs[i] <= column_max[b % M]
+                and (token_cap <= 0 or tokens[b] + int(lengths[i]) <= token_cap)]
+        if not fits:
+            continue
+        pick = min(fits)[1]
+        b = rank[i] * M + slot[i]
+        loads[b] -= costs[i]
+        tokens[b] -= int(lengths[i])
+        rank_total[rank[i]] -= costs[i]
+        loads[pick] += costs[i]
+        tokens[pick] += int(lengths[i])
+        rank_total[pick // M] += costs[i]
+        rank[i], slot[i] = pick // M, pick % M
+        moves += 1
+    if moves:
+        _heaviest_first_ref(loads, rank, slot, M)
+    return moves
 
 
 # ``swap_bins`` goes over a slot's ranks at most this many times (each pass that trades brings tokens home).
