@@ -36,11 +36,13 @@ across only what evens out the nodes' loads, choosing what crosses to move few t
    plan is used with its ranks assigned to nodes to keep the most tokens home (``home_ranks``).
 5. **Trades**: whole bins of one slot trade ranks across nodes where that brings tokens home
    (``kernels.locality.swap_bins``: a bin goes to the node most of its tokens are homed on, no rank above the
-   costliest rank total; bins move whole, so no bin and no slot's costliest bin changes); then two samples
-   each on the other's home node trade places (``kernels.locality.swap_home``) where no bin rises above its
-   slot's costliest bin, no rank above the costliest rank total and no bin above the token cap (so the peak,
-   lockstep time and step bubble do not rise). Where the non-local plan holds about a sample a bin (1,024
-   ranks), the bin trades are what brings tokens home: two samples each on the other's home are rare there.
+   costliest rank total; bins move whole, so no bin and no slot's costliest bin changes); then samples away
+   from home move into a bin of their home node with room under its slot's costliest bin
+   (``kernels.locality.move_home``; not under ``equal_count``); then two samples each on the other's home node
+   trade places (``kernels.locality.swap_home``). Each keeps every bin within its slot's costliest bin, every
+   rank within the costliest rank total and every bin within the token cap (so the peak, lockstep time and
+   step bubble do not rise). Where the non-local plan holds a few samples a bin (1,024 ranks), the bin trades
+   and the moves are what brings tokens home: two samples each on the other's home are rare there.
 6. **Settle** (``kernels.locality.settle``): samples of equal length (equal cost and tokens) trade places so
    that as many as possible sit on their home node; no bin's load, tokens or count changes.
 
