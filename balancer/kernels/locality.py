@@ -470,12 +470,7 @@ def move_home(order, costs, lengths, home, rank_node, rank, slot, rules):
     for b in range(R * M):
         column_max[b % M] = max(column_max[b % M], loads[b])
     rank_max = rank_total.max()
-    by_node = _counting_order(rank_node, rank_node.max() + 1, np.arange(R))
-    node_start = np.zeros(rank_node.max() + 2, dtype=np.int64)
-    for r in range(R):
-        node_start[rank_node[r] + 1] += 1
-    for k in range(node_start.shape[0] - 1):
-        node_start[k + 1] += node_start[k]
+    by_node, node_start = _ranks_by_node(rank_node)
     moves = 0
     for i in order:
         k = home[i]
@@ -602,12 +597,7 @@ def swap_bins(costs, lengths, home, rank_node, rank, slot, rules):
         for e in range(bin_start[b], bin_start[b + 1]):
             if entry_tokens[e] > most:
                 most, target[b] = entry_tokens[e], entry_node[e]
-    by_node = np.argsort(rank_node, kind="mergesort")
-    node_start = np.zeros(K + 1, dtype=np.int64)
-    for r in range(R):
-        node_start[rank_node[r] + 1] += 1
-    for k in range(K):
-        node_start[k + 1] += node_start[k]
+    by_node, node_start = _ranks_by_node(rank_node)
     at = np.arange(R * M)  # the bin at each place rank * M + slot
     trades = 0
     for j in range(M):
@@ -670,6 +660,19 @@ def _counting_order(keys, size, items):
         out[start[keys[i]]] = i
         start[keys[i]] += 1
     return out
+
+
+@njit(cache=True, nogil=True)
+def _ranks_by_node(rank_node):
+    """The ranks node by node, ascending within a node (int64 (R,)), and where each node's ranks start there
+    (int64 (K + 1,))."""
+    nodes = rank_node.max() + 1
+    start = np.zeros(nodes + 1, dtype=np.int64)
+    for r in range(rank_node.shape[0]):
+        start[rank_node[r] + 1] += 1
+    for k in range(nodes):
+        start[k + 1] += start[k]
+    return _counting_order(rank_node, nodes, np.arange(rank_node.shape[0])), start
 
 
 @njit(cache=True, nogil=True, inline="always")

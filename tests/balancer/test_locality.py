@@ -242,18 +242,29 @@ def test_settle_matches_reference(data):
     assert np.count_nonzero(rank_node[got_rank] == home) >= np.count_nonzero(rank_node[rank] == home)
 
 
-@given(st.data())
-@settings(max_examples=150, deadline=None)
-def test_swap_home_matches_reference_and_raises_no_bound(data):
+def _placed(data):
+    """Up to 60 samples (lengths 1-40, costs their squares: integers, so every sum is exact) placed at random on
+    R <= 6 ranks x M <= 3 slots over up to 3 nodes, homes drawn over those nodes."""
     n = data.draw(st.integers(0, 60))
     lengths = np.asarray(data.draw(st.lists(st.integers(1, 40), min_size=n, max_size=n)), dtype=np.int64)
-    costs = lengths.astype(np.float64) ** 2
-    R, M = data.draw(st.integers(1, 5)), data.draw(st.integers(1, 3))
+    R, M = data.draw(st.integers(1, 6)), data.draw(st.integers(1, 3))
     rank_node = np.asarray(data.draw(st.lists(st.integers(0, 2), min_size=R, max_size=R)), dtype=np.int64)
     home = np.asarray(data.draw(st.lists(st.integers(0, int(rank_node.max())), min_size=n, max_size=n)),
                       dtype=np.int64)
     rank = np.asarray(data.draw(st.lists(st.integers(0, R - 1), min_size=n, max_size=n)), dtype=np.int64)
     slot = np.asarray(data.draw(st.lists(st.integers(0, M - 1), min_size=n, max_size=n)), dtype=np.int64)
+    return lengths, lengths.astype(np.float64) ** 2, R, M, rank_node, home, rank, slot
+
+
+def _grid(rank, slot, weights, R, M):
+    """``weights`` summed per bin, (R, M)."""
+    return np.bincount(rank * M + slot, weights=weights, minlength=R * M).reshape(R, M)
+
+
+@given(st.data())
+@settings(max_examples=150, deadline=None)
+def test_swap_home_matches_reference_and_raises_no_bound(data):
+    lengths, costs, R, M, rank_node, home, rank, slot = _placed(data)
     bins = rank * M + slot
     cap = int(np.bincount(bins, weights=lengths, minlength=R * M).max(initial=0)) if data.draw(st.booleans()) else 0
     order = order_by_length_desc(lengths, data.draw(st.integers(0, 100)))
@@ -265,10 +276,7 @@ def test_swap_home_matches_reference_and_raises_no_bound(data):
     np.testing.assert_array_equal(got_rank, ref_rank)
     np.testing.assert_array_equal(got_slot, ref_slot)
 
-    def grid(r, s, weights):
-        return np.bincount(r * M + s, weights=weights, minlength=R * M).reshape(R, M)
-
-    before, after = grid(rank, slot, costs), grid(got_rank, got_slot, costs)
+    before, after = _grid(rank, slot, costs, R, M), _grid(got_rank, got_slot, costs, R, M)
     assert after.max(initial=0) <= before.max(initial=0)
     assert after.max(axis=0).sum() <= before.max(axis=0).sum() * (1 + 1e-12)  # lockstep time
     assert after.sum(axis=1).max(initial=0) <= before.sum(axis=1).max(initial=0)
@@ -276,7 +284,7 @@ def test_swap_home_matches_reference_and_raises_no_bound(data):
     if swaps:
         assert np.all(np.diff(after, axis=1) <= 0)  # heaviest first
     if cap:
-        assert grid(got_rank, got_slot, lengths).max() <= cap
+        assert _grid(got_rank, got_slot, lengths, R, M).max() <= cap
     assert np.count_nonzero(rank_node[got_rank] == home) == np.count_nonzero(rank_node[rank] == home) + 2 * swaps
 
 
@@ -358,15 +366,7 @@ def test_bad_layouts_name_the_argument(kwargs, match):
 @given(st.data())
 @settings(max_examples=150, deadline=None)
 def test_swap_bins_matches_reference_and_raises_no_bound(data):
-    n = data.draw(st.integers(0, 60))
-    lengths = np.asarray(data.draw(st.lists(st.integers(1, 40), min_size=n, max_size=n)), dtype=np.int64)
-    costs = lengths.astype(np.float64) ** 2  # integers: every sum below is exact
-    R, M = data.draw(st.integers(1, 6)), data.draw(st.integers(1, 3))
-    rank_node = np.asarray(data.draw(st.lists(st.integers(0, 2), min_size=R, max_size=R)), dtype=np.int64)
-    home = np.asarray(data.draw(st.lists(st.integers(0, int(rank_node.max())), min_size=n, max_size=n)),
-                      dtype=np.int64)
-    rank = np.asarray(data.draw(st.lists(st.integers(0, R - 1), min_size=n, max_size=n)), dtype=np.int64)
-    slot = np.asarray(data.draw(st.lists(st.integers(0, M - 1), min_size=n, max_size=n)), dtype=np.int64)
+    lengths, costs, R, M, rank_node, home, rank, slot = _placed(data)
     quotas = data.draw(st.booleans())
     rules = Rules(M, 0, quotas, 0, 0)  # swap_bins reads only microbatches and quotas
     got_rank, got_slot, ref_rank, ref_slot = rank.copy(), slot.copy(), rank.copy(), slot.copy()
@@ -375,14 +375,11 @@ def test_swap_bins_matches_reference_and_raises_no_bound(data):
     np.testing.assert_array_equal(got_rank, ref_rank)
     np.testing.assert_array_equal(got_slot, ref_slot)
 
-    def grid(r, s, weights):
-        return np.bincount(r * M + s, weights=weights, minlength=R * M).reshape(R, M)
-
     def bins(r, s):  # each bin as the sorted samples it holds
         return sorted(tuple(sorted(np.flatnonzero((r == a) & (s == b)))) for a in range(R) for b in range(M))
 
     assert bins(got_rank, got_slot) == bins(rank, slot)  # bins move whole: loads, tokens, counts all stay
-    before, after = grid(rank, slot, costs), grid(got_rank, got_slot, costs)
+    before, after = _grid(rank, slot, costs, R, M), _grid(got_rank, got_slot, costs, R, M)
     assert after.max(axis=0).sum() <= before.max(axis=0).sum()  # lockstep time
     assert after.sum(axis=1).max(initial=0) <= before.sum(axis=1).max(initial=0)  # step bubble
     if quotas:
@@ -396,15 +393,7 @@ def test_swap_bins_matches_reference_and_raises_no_bound(data):
 @given(st.data())
 @settings(max_examples=150, deadline=None)
 def test_move_home_matches_reference_and_raises_no_bound(data):
-    n = data.draw(st.integers(0, 60))
-    lengths = np.asarray(data.draw(st.lists(st.integers(1, 40), min_size=n, max_size=n)), dtype=np.int64)
-    costs = lengths.astype(np.float64) ** 2  # integers: every sum below is exact
-    R, M = data.draw(st.integers(1, 6)), data.draw(st.integers(1, 3))
-    rank_node = np.asarray(data.draw(st.lists(st.integers(0, 2), min_size=R, max_size=R)), dtype=np.int64)
-    home = np.asarray(data.draw(st.lists(st.integers(0, int(rank_node.max())), min_size=n, max_size=n)),
-                      dtype=np.int64)
-    rank = np.asarray(data.draw(st.lists(st.integers(0, R - 1), min_size=n, max_size=n)), dtype=np.int64)
-    slot = np.asarray(data.draw(st.lists(st.integers(0, M - 1), min_size=n, max_size=n)), dtype=np.int64)
+    lengths, costs, R, M, rank_node, home, rank, slot = _placed(data)
     bins = rank * M + slot
     cap = int(np.bincount(bins, weights=lengths, minlength=R * M).max(initial=0)) if data.draw(st.booleans()) else 0
     quotas = data.draw(st.booleans())
@@ -419,15 +408,12 @@ def test_move_home_matches_reference_and_raises_no_bound(data):
     if quotas:
         assert moves == 0
 
-    def grid(r, s, weights):
-        return np.bincount(r * M + s, weights=weights, minlength=R * M).reshape(R, M)
-
-    before, after = grid(rank, slot, costs), grid(got_rank, got_slot, costs)
+    before, after = _grid(rank, slot, costs, R, M), _grid(got_rank, got_slot, costs, R, M)
     assert after.max(initial=0) <= before.max(initial=0)
     assert after.max(axis=0).sum() <= before.max(axis=0).sum()  # lockstep time
     assert after.sum(axis=1).max(initial=0) <= before.sum(axis=1).max(initial=0)  # step bubble
     if cap:
-        assert grid(got_rank, got_slot, lengths).max() <= cap
+        assert _grid(got_rank, got_slot, lengths, R, M).max() <= cap
     if moves:
         assert np.all(np.diff(after, axis=1) <= 0)  # heaviest first
     moved = (got_rank != rank) & (rank_node[got_rank] != rank_node[rank])
