@@ -16,6 +16,8 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
+from balancer.kernels.common import counting_sort
+
 # ``swap_home`` examines at most this many partners on each side of a sample's cost.
 SWAP_REACH = 8
 
@@ -457,7 +459,7 @@ def move_home(order, costs, lengths, home, rank_node, rank, slot, rules):
     n = costs.shape[0]
     if rules.quotas or n == 0:
         return 0
-    R, M, token_cap = rank_node.shape[0], rules.microbatches, rules.token_cap
+    K, R, M, token_cap = rank_node.max() + 1, rank_node.shape[0], rules.microbatches, rules.token_cap
     loads = np.zeros(R * M)
     tokens = np.zeros(R * M, dtype=np.int64)
     rank_total = np.zeros(R)
@@ -470,7 +472,7 @@ def move_home(order, costs, lengths, home, rank_node, rank, slot, rules):
     for b in range(R * M):
         column_max[b % M] = max(column_max[b % M], loads[b])
     rank_max = rank_total.max()
-    by_node, node_start = _ranks_by_node(rank_node)
+    by_node, node_start = counting_sort(rank_node, np.arange(R), K)  # the ranks node by node
     moves = 0
     for i in order:
         k = home[i]
@@ -575,7 +577,7 @@ def swap_bins(costs, lengths, home, rank_node, rank, slot, rules):
         rank_total[rank[i]] += costs[i]
     rank_max = rank_total.max()
     # tokens of each bin homed on each node, for the nodes that have any: entries by (bin, node)
-    by_key = _counting_order(bins, R * M, _counting_order(home, K, np.arange(n)))
+    by_key = counting_sort(bins, counting_sort(home, np.arange(n), K)[0], R * M)[0]
     entry_node = np.empty(n, dtype=np.int64)
     entry_tokens = np.zeros(n, dtype=np.int64)
     bin_start = np.zeros(R * M + 1, dtype=np.int64)
@@ -597,7 +599,7 @@ def swap_bins(costs, lengths, home, rank_node, rank, slot, rules):
         for e in range(bin_start[b], bin_start[b + 1]):
             if entry_tokens[e] > most:
                 most, target[b] = entry_tokens[e], entry_node[e]
-    by_node, node_start = _ranks_by_node(rank_node)
+    by_node, node_start = counting_sort(rank_node, np.arange(R), K)  # the ranks node by node
     at = np.arange(R * M)  # the bin at each place rank * M + slot
     trades = 0
     for j in range(M):
@@ -645,34 +647,6 @@ def swap_bins(costs, lengths, home, rank_node, rank, slot, rules):
             rank[i] = held_by[rank[i] * M + slot[i]]
         _heaviest_first(place_loads, rank, slot, M)
     return trades
-
-
-@njit(cache=True, nogil=True)
-def _counting_order(keys, size, items):
-    """``items`` (int64 (n,), indices into ``keys``) stably ordered by ``keys[item]`` in ``0 .. size - 1``."""
-    start = np.zeros(size + 1, dtype=np.int64)
-    for i in items:
-        start[keys[i] + 1] += 1
-    for k in range(size):
-        start[k + 1] += start[k]
-    out = np.empty(items.shape[0], dtype=np.int64)
-    for i in items:
-        out[start[keys[i]]] = i
-        start[keys[i]] += 1
-    return out
-
-
-@njit(cache=True, nogil=True)
-def _ranks_by_node(rank_node):
-    """The ranks node by node, ascending within a node (int64 (R,)), and where each node's ranks start there
-    (int64 (K + 1,))."""
-    nodes = rank_node.max() + 1
-    start = np.zeros(nodes + 1, dtype=np.int64)
-    for r in range(rank_node.shape[0]):
-        start[rank_node[r] + 1] += 1
-    for k in range(nodes):
-        start[k + 1] += start[k]
-    return _counting_order(rank_node, nodes, np.arange(rank_node.shape[0])), start
 
 
 @njit(cache=True, nogil=True, inline="always")
