@@ -7,6 +7,7 @@ improved in place and each bin's member list.
 - ``Fill``: the bin of every sample and each bin's cost and tokens, built by ``fill_of`` and kept current
   by ``shift``;
 - ``MemberLists``: each bin's samples as a doubly linked list (``member_lists``, ``members``, ``relink``);
+- ``SortedMembers``: each bin's samples by (cost, index), kept sorted as samples move (``move_member``);
 - ``before`` and ``lightest``: the (value, index) order, and the k bins lowest in it.
 """
 
@@ -159,19 +160,30 @@ def members(lists, b, costs):
 
 
 class SortedMembers(NamedTuple):
-    """Every bin's samples by (cost, index), sorted once: bin b's are ``order[first[b]:first[b + 1]]`` while
-    ``changed[b]`` is False; a search sets it when a step changes the bin, which is then read from its list."""
+    """Every bin's samples by (cost, index), kept so as samples move (:func:`move_member`): bin b's are
+    ``order[start[b] : start[b] + size[b]]``, their costs ``cost[...]`` alike. A move costs O(bin size) and no sort:
+    the leaving sample's place closes up, and the bin it joins is written, with it in its place, at the free end
+    (``top``); when the end is reached every bin is laid out again from the front (O(N)), so ``order`` has room for
+    three times the samples and that happens at most once per 2N / (bin size) moves."""
 
-    order: np.ndarray  # int64 (N,)
-    first: np.ndarray  # int64 (n_bins + 1,)
-    changed: np.ndarray  # bool (n_bins,)
+    order: np.ndarray  # int64 (3 N + n_bins + 1,)
+    cost: np.ndarray  # float64, alike: the cost of each sample in ``order``
+    start: np.ndarray  # int64 (n_bins,)
+    size: np.ndarray  # int64 (n_bins,)
+    top: np.ndarray  # int64 (1,): the free end of ``order``
 
 
 @njit(cache=True, nogil=True)
 def sorted_members(bins, costs, n_bins):
     """``SortedMembers`` of ``bins``: a stable counting sort by bin of the samples in (cost, index) order."""
-    order, first = counting_sort(bins, np.argsort(costs, kind="mergesort"), n_bins)
-    return SortedMembers(order, first, np.zeros(n_bins, dtype=np.bool_))
+    n = bins.shape[0]
+    by_bin, first = counting_sort(bins, np.argsort(costs, kind="mergesort"), n_bins)
+    order = np.empty(3 * n + n_bins + 1, dtype=np.int64)
+    cost = np.empty(order.shape[0], dtype=np.float64)
+    order[:n] = by_bin
+    for p in range(n):
+        cost[p] = costs[by_bin[p]]
+    return SortedMembers(order, cost, first[:-1].copy(), first[1:] - first[:-1], np.array([n], dtype=np.int64))
 
 
 @njit(cache=True, nogil=True)
@@ -192,11 +204,64 @@ def counting_sort(keys, visit, n_keys):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def members_of(cache, lists, b, costs):
-    """``members(lists, b, costs)``, from ``cache`` (``SortedMembers``) while bin b is unchanged (no copy)."""
-    if cache.changed[b]:
-        return members(lists, b, costs)
-    return cache.order[cache.first[b] : cache.first[b + 1]]
+def members_of(cache, b):
+    """Samples of bin ``b`` by (cost, index), int64 (n_b,): a view, good until the next :func:`move_member`."""
+    return cache.order[cache.start[b] : cache.start[b] + cache.size[b]]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def member_costs(cache, b):
+    """Their costs, float64 (n_b,), alike."""
+    return cache.cost[cache.start[b] : cache.start[b] + cache.size[b]]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _place(cache, s, k, i, c):
+    """Where sample ``i`` of cost ``c`` sorts among the ``k`` samples at ``s``: the first not before it."""
+    order, cost = cache.order, cache.cost
+    lo, hi = 0, k
+    while lo < hi:
+        mid = (lo + hi) // 2
+        q = s + mid
+        if cost[q] < c or (cost[q] == c and order[q] < i):
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@njit(cache=True, nogil=True)
+def move_member(cache, i, src, dst, costs):
+    """Sample ``i`` from bin ``src``'s sorted members to bin ``dst``'s."""
+    order, cost, start, size, top = cache
+    c = costs[i]
+    s, k = start[src], size[src]
+    for q in range(s + _place(cache, s, k, i, c), s + k - 1):  # i's place closes up
+        order[q] = order[q + 1]
+        cost[q] = cost[q + 1]
+    size[src] = k - 1
+    k = size[dst]
+    if top[0] + k + 1 > order.shape[0]:  # every bin laid out again from the front
+        live = np.empty(size.sum(), dtype=np.int64)
+        live_cost = np.empty(live.shape[0], dtype=np.float64)
+        at = 0
+        for b in range(start.shape[0]):
+            live[at : at + size[b]] = order[start[b] : start[b] + size[b]]
+            live_cost[at : at + size[b]] = cost[start[b] : start[b] + size[b]]
+            start[b] = at
+            at += size[b]
+        order[:at] = live[:at]
+        cost[:at] = live_cost[:at]
+        top[0] = at
+    s, t = start[dst], top[0]
+    p = _place(cache, s, k, i, c)
+    order[t : t + p] = order[s : s + p]
+    cost[t : t + p] = cost[s : s + p]
+    order[t + p] = i
+    cost[t + p] = c
+    order[t + p + 1 : t + k + 1] = order[s + p : s + k]
+    cost[t + p + 1 : t + k + 1] = cost[s + p : s + k]
+    start[dst], size[dst], top[0] = t, k + 1, t + k + 1
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -209,8 +274,15 @@ def before(values, a, b):
 def lightest(values, k):
     """The ``k`` bins of lowest ``(value, bin id)``, in that order: int64 (min(k, bins),), in O(bins * k)
     worst case and O(bins) typically (the stable ``argsort(values)[:k]``)."""
-    k = min(k, values.shape[0])
-    out = np.empty(k, dtype=np.int64)
+    out = np.empty(min(k, values.shape[0]), dtype=np.int64)
+    lightest_into(values, out)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def lightest_into(values, out):
+    """:func:`lightest` with ``k = len(out)`` (at most the number of bins), written into ``out``."""
+    k = out.shape[0]
     n = 0
     for b in range(values.shape[0]):
         v = values[b]
@@ -222,4 +294,3 @@ def lightest(values, k):
             p -= 1
         out[p] = b
         n = min(n + 1, k)
-    return out

@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from balancer.kernels.common import before, fill_of, member_lists, members_of, relink, shift, sorted_members
+from balancer.kernels.common import before, fill_of, members_of, move_member, shift, sorted_members
 
 
 @njit(cache=True, nogil=True)
@@ -91,7 +91,6 @@ def exchange(bins, costs, lengths, threshold, rules, max_work):
     if over.shape[0] == 0:
         return 0
     over = over[np.argsort(-excess[over], kind="mergesort")]
-    lists = member_lists(bins, n_bins)
     cache = sorted_members(bins, costs, n_bins)
     picked = np.empty(n, dtype=np.int64)
     done = work = 0
@@ -101,13 +100,13 @@ def exchange(bins, costs, lengths, threshold, rules, max_work):
             break
         eb = excess[b]
         rb = b // microbatches
-        xs = members_of(cache, lists, b, costs)
+        xs = members_of(cache, b)
         for t in partners:
             if -excess[t] < eb or work >= max_work:
                 break
             if t == b or (quotas and t // microbatches != rb):
                 continue
-            ys = members_of(cache, lists, t, costs)
+            ys = members_of(cache, t)
             work += xs.shape[0] * (ys.shape[0] + 1)
             hit = -1
             k = -1
@@ -125,14 +124,13 @@ def exchange(bins, costs, lengths, threshold, rules, max_work):
                 break
             if hit < 0:
                 continue
-            relink(lists, hit, b, t)
+            move_member(cache, hit, b, t, costs)
             shift(fill, hit, b, t, costs, lengths)
             for p in range(k):
-                relink(lists, picked[p], t, b)
+                move_member(cache, picked[p], t, b, costs)
                 shift(fill, picked[p], t, b, costs, lengths)
             excess[b] = loads[b] - threshold[b]
             excess[t] = loads[t] - threshold[t]
-            cache.changed[b] = cache.changed[t] = True
             partners = _resorted(partners, excess, b, t)
             work += n_bins
             done += 1

@@ -19,7 +19,8 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from balancer.kernels.common import MemberLists, SortedMembers, fill_of, lightest, member_lists, members_of, relink, sorted_members
+from balancer.kernels.common import (SortedMembers, fill_of, lightest_into, member_costs, members_of, move_member,
+                                     sorted_members)
 
 _PARTNER_BATCH = 32  # refine tries the lightest bins first and sorts them all only if none helps
 
@@ -34,7 +35,7 @@ def bin_thresholds(level, tolerance, exact_level):
 
 class _Search(NamedTuple):
     """``refine``'s state: the samples' costs and lengths, and per bin (kept current) cost, tokens, excess and
-    threshold, per rank the sample count, the member lists and each bin's members sorted once."""
+    threshold, per rank the sample count, and each bin's members by (cost, index)."""
 
     costs: np.ndarray
     lengths: np.ndarray
@@ -43,7 +44,6 @@ class _Search(NamedTuple):
     excess: np.ndarray
     threshold: np.ndarray
     rank_counts: np.ndarray
-    lists: MemberLists
     sorted: SortedMembers
 
 
@@ -55,17 +55,17 @@ def _pair_score(eb, lb, tb, lt, tt, d):
 
 
 @njit(cache=True, nogil=True)
-def _best_step(b, t, xs, ys, search, rules):
+def _best_step(b, t, xs, ys, cy, search, rules):
     """Best move (x from b to t, y = -1) or swap (x in b with y in t) lowering the pair's max excess:
-    (score, x, y), x = -1 when none helps. ``xs``/``ys``: members of b/t sorted by (cost, index)."""
-    costs, lengths, loads, tokens, excess, threshold, rank_counts, _, _ = search
+    (score, x, y), x = -1 when none helps. ``xs``/``ys``: members of b/t sorted by (cost, index), ``cy`` the
+    costs of ``ys``."""
+    costs, lengths, loads, tokens, excess, threshold, rank_counts, _ = search
     microbatches, token_cap, quotas, lo, _ = rules
     eb, lb, tb, rb = excess[b], loads[b], threshold[b], b // microbatches
     lt, tt, rt = loads[t], threshold[t], t // microbatches
     limit = eb - excess[t]  # moving d < limit keeps t's excess under b's
     d_star = (eb - excess[t]) / 2.0  # equalises the two excesses
     cross_move_ok = not quotas or rb == rt or (rank_counts[rb] == lo + 1 and rank_counts[rt] == lo)
-    cy = costs[ys]
     best_score, best_x, best_y = 0.0, -1, -1
     prev_cost = -1.0
     for x in xs:
@@ -114,12 +114,35 @@ def _first_step(b, xs, scan, skip_rank, search, rules):
             break  # ascending: none further can take load from b
         if t // rules.microbatches == skip_rank:
             continue
-        ys = members_of(search.sorted, search.lists, t, search.costs)
+        ys = members_of(search.sorted, t)
         work += xs.shape[0] + ys.shape[0]
-        _, x, y = _best_step(b, t, xs, ys, search, rules)
+        _, x, y = _best_step(b, t, xs, ys, member_costs(search.sorted, t), search, rules)
         if x >= 0:
             return t, x, y, work
     return -1, -1, -1, work
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _by_excess(excess, first_bin, out):
+    """Bins ``first_bin .. first_bin + len(out) - 1`` into ``out`` by (excess, bin id) (a stable insertion sort)."""
+    for j in range(out.shape[0]):
+        c = first_bin + j
+        p = j
+        while p > 0 and excess[out[p - 1]] > excess[c]:
+            out[p] = out[p - 1]
+            p -= 1
+        out[p] = c
+    return out
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _worst(excess, stuck):
+    """The bin furthest over its threshold (first of equals) among those not set aside; -1 when none is over."""
+    worst, most = -1, 0.0
+    for b in range(excess.shape[0]):
+        if not stuck[b] and excess[b] > most:
+            worst, most = b, excess[b]
+    return worst
 
 
 @njit(cache=True, nogil=True)
@@ -143,30 +166,30 @@ def refine(bins, costs, lengths, threshold, rules, max_iters, max_work):
         rank_counts[bins[i] // microbatches] += 1
     excess = loads - threshold  # (n_bins,), kept current
     if np.max(excess) <= 0.0:
-        return 0  # already balanced: skip building the member lists
-    lists = member_lists(bins, n_bins)
-    search = _Search(costs, lengths, loads, tokens, excess, threshold, rank_counts, lists,
+        return 0  # already balanced: skip sorting the members
+    search = _Search(costs, lengths, loads, tokens, excess, threshold, rank_counts,
                      sorted_members(bins, costs, n_bins))
     stuck = np.zeros(n_bins, dtype=np.bool_)  # over threshold, but no move or swap helps it now
     n_stuck = 0
+    own = np.empty(microbatches, dtype=np.int64)  # the bins of a rank, by excess
+    first = np.empty(min(_PARTNER_BATCH, n_bins), dtype=np.int64)  # the lightest bins
     steps = work = 0
     while steps < max_iters and work < max_work:
-        b = np.argmax(np.where(stuck, -np.inf, excess))
-        if stuck[b] or excess[b] <= 0.0:
+        b = _worst(excess, stuck)
+        if b < 0:
             break
-        xs = members_of(search.sorted, lists, b, costs)
+        xs = members_of(search.sorted, b)
         work += n_bins
         rb = b // microbatches
         t, best_x, best_y = -1, -1, -1
         if quotas:  # the other bins of b's rank first: moves may not cross ranks
-            own = np.arange(rb * microbatches, (rb + 1) * microbatches)
-            t, best_x, best_y, spent = _first_step(b, xs, own[np.argsort(excess[own], kind="mergesort")], -1,
-                                                   search, rules)
+            t, best_x, best_y, spent = _first_step(b, xs, _by_excess(excess, rb * microbatches, own), -1, search,
+                                                   rules)
             work += spent
         # then every lighter bin, lightest first: a batch of the lightest, the full order only if needed
         if best_x < 0:
             skip_rank = rb if quotas else -1
-            first = lightest(excess, _PARTNER_BATCH)
+            lightest_into(excess, first)
             t, best_x, best_y, spent = _first_step(b, xs, first, skip_rank, search, rules)
             work += spent
             if best_x < 0 and first.shape[0] < n_bins and excess[first[-1]] < excess[b]:
@@ -186,11 +209,10 @@ def refine(bins, costs, lengths, threshold, rules, max_iters, max_work):
         excess[t] = loads[t] - threshold[t]
         tokens[b] += ly_best - lengths[best_x]
         tokens[t] += lengths[best_x] - ly_best
-        relink(lists, best_x, b, t)
-        search.sorted.changed[b] = search.sorted.changed[t] = True
+        move_member(search.sorted, best_x, b, t, costs)
         bins[best_x] = t
         if best_y >= 0:
-            relink(lists, best_y, t, b)
+            move_member(search.sorted, best_y, t, b, costs)
             bins[best_y] = b
         else:
             rank_counts[rb] -= 1
@@ -215,10 +237,10 @@ def refine(bins, costs, lengths, threshold, rules, max_iters, max_work):
                 if u == s or excess[u] >= excess[s]:
                     continue
                 if xs.shape[0] == 0:
-                    xs = members_of(search.sorted, lists, s, costs)
-                ys = members_of(search.sorted, lists, u, costs)
+                    xs = members_of(search.sorted, s)
+                ys = members_of(search.sorted, u)
                 work += xs.shape[0] + ys.shape[0]
-                if _best_step(s, u, xs, ys, search, rules)[1] >= 0:
+                if _best_step(s, u, xs, ys, member_costs(search.sorted, u), search, rules)[1] >= 0:
                     stuck[s] = False
                     n_stuck -= 1
                     break
