@@ -59,7 +59,7 @@ import numpy as np
 
 from balancer.balanced import CERTIFY_TOLERANCE, CHOICE_TOLERANCE
 from balancer.kernels.colfill import COLUMN_FILL_WORK, column_fill_grouped
-from balancer.kernels.locality import away, move_home, settle, split_nodes, swap_bins, swap_home
+from balancer.kernels.locality import away, home_ranks, move_home, settle, split_nodes, swap_bins, swap_home
 from balancer.polish import Candidate, lay_out, polish, positive_levels, stacked_levels
 from balancer.registry import Planner, Problem
 
@@ -155,7 +155,7 @@ def plan_local(problem: Problem, layout: Layout, plain: Planner) -> tuple[np.nda
         if kept:
             rank, slot = local.rank, local.slot
         else:
-            rank = home_ranks(rank, problem.lengths, layout)[rank]
+            rank = home_ranks(rank, problem.lengths, layout.home, layout.rank_node, layout.node_ranks)[rank]
     swap_bins(problem.costs, problem.lengths, layout.home, layout.rank_node, rank, slot, problem.rules)
     move_home(order, problem.costs, problem.lengths, layout.home, layout.rank_node, rank, slot, problem.rules)
     swap_home(order, problem.costs, problem.lengths, layout.home, layout.rank_node, rank, slot, problem.rules)
@@ -262,23 +262,3 @@ def _within_tolerance(problem: Problem, local: _Local, loads: np.ndarray) -> boo
     """``local``'s peak and lockstep time within LOCALITY_TOLERANCE of those of the plan with bin ``loads``."""
     return (local.peak <= float(loads.max()) * (1.0 + LOCALITY_TOLERANCE)
             and local.lockstep <= float(loads.max(axis=0).sum()) * (1.0 + LOCALITY_TOLERANCE))
-
-
-def home_ranks(rank: np.ndarray, lengths: np.ndarray, layout: Layout) -> np.ndarray:
-    """A permutation of the ranks (int64 (R,): plan rank -> rank) keeping the most tokens home: (plan rank,
-    node) pairs by tokens homed there, most first (ties: lower plan rank, then lower node), each taken while
-    both are free; a node's plan ranks go to its ranks in ascending order."""
-    R, K = layout.rank_node.size, layout.nodes
-    # tokens of plan rank r's samples homed on node k, (R, K)
-    home_tokens = np.bincount(rank * K + layout.home, weights=lengths, minlength=R * K).reshape(R, K)
-    free = layout.node_ranks.copy()
-    node_of = np.full(R, -1, dtype=np.int64)
-    for pair in np.argsort(-home_tokens, axis=None, kind="stable"):
-        r, k = divmod(int(pair), K)
-        if node_of[r] < 0 and free[k] > 0:
-            node_of[r] = k
-            free[k] -= 1
-    to_rank = np.empty(R, dtype=np.int64)
-    for k in range(K):
-        to_rank[np.flatnonzero(node_of == k)] = np.flatnonzero(layout.rank_node == k)
-    return to_rank

@@ -3,6 +3,7 @@ samples over nodes, and the trades that bring samples home without moving a boun
 
 - ``away``: samples and tokens placed on a rank of another node than their home;
 - ``split_nodes``: each sample's node (steps 1-2 of ``balancer.locality``'s docstring);
+- ``home_ranks``: the non-local plan's ranks placed on nodes to keep the most tokens home (step 4);
 - ``swap_bins``: whole bins of one slot trade ranks across nodes where that brings tokens home (step 5);
 - ``move_home``: samples away from home move into room on their home node's bins (step 5);
 - ``swap_home``: pairs of samples each on the other's home node trade places (step 5);
@@ -140,6 +141,72 @@ def split_nodes(order, density, costs, home, node_ranks, rules):
             traded[i] = True
             traded[j] = True
     return node
+
+
+@njit(cache=True, nogil=True)
+def home_ranks(rank, lengths, home, rank_node, node_ranks):
+    """A permutation of the ranks (int64 (R,): plan rank -> rank) keeping the most tokens home: (plan rank,
+    node) pairs by tokens homed there, most first (ties: lower plan rank, then lower node), each taken while
+    both are free; a node's plan ranks go to its ranks in ascending order.
+
+    Only the pairs that hold tokens are sorted (at most one per sample); the others come in (plan rank, node)
+    order, so each plan rank still free then takes the lowest node with a free rank (a node full when one of
+    its pairs came stays full)."""
+    R, K = rank_node.shape[0], node_ranks.shape[0]
+    home_tokens = np.zeros(R * K, dtype=np.float64)  # tokens of plan rank r's samples homed on node k, at r * K + k
+    for i in range(rank.shape[0]):
+        home_tokens[rank[i] * K + home[i]] += lengths[i]
+    held = np.flatnonzero(home_tokens > 0.0)
+    held = held[np.argsort(-home_tokens[held], kind="mergesort")]
+    free = node_ranks.copy()
+    node_of = np.full(R, -1, dtype=np.int64)
+    for pair in held:
+        r, k = pair // K, pair % K
+        if node_of[r] < 0 and free[k] > 0:
+            node_of[r] = k
+            free[k] -= 1
+    k = 0
+    for r in range(R):
+        if node_of[r] < 0:
+            while free[k] == 0:
+                k += 1
+            node_of[r] = k
+            free[k] -= 1
+    to_rank = np.empty(R, dtype=np.int64)
+    nxt = np.zeros(K + 1, dtype=np.int64)  # where each node's ranks start in ``by_node``
+    for q in range(R):
+        nxt[rank_node[q] + 1] += 1
+    for q in range(K):
+        nxt[q + 1] += nxt[q]
+    by_node = np.empty(R, dtype=np.int64)  # the ranks node by node, ascending
+    for q in range(R):
+        by_node[nxt[rank_node[q]]] = q
+        nxt[rank_node[q]] += 1
+    taken = np.zeros(K, dtype=np.int64)
+    start = nxt[:K] - node_ranks  # ``nxt`` ended at each node's end
+    for r in range(R):
+        k = node_of[r]
+        to_rank[r] = by_node[start[k] + taken[k]]
+        taken[k] += 1
+    return to_rank
+
+
+def home_ranks_ref(rank: np.ndarray, lengths: np.ndarray, home: np.ndarray, rank_node: np.ndarray,
+                   node_ranks: np.ndarray) -> np.ndarray:
+    """Plain twin of :func:`home_ranks`: every (plan rank, node) pair sorted."""
+    R, K = rank_node.size, node_ranks.size
+    home_tokens = np.bincount(rank * K + home, weights=lengths, minlength=R * K).reshape(R, K)
+    free = node_ranks.copy()
+    node_of = np.full(R, -1, dtype=np.int64)
+    for pair in np.argsort(-home_tokens, axis=None, kind="stable"):
+        r, k = divmod(int(pair), K)
+        if node_of[r] < 0 and free[k] > 0:
+            node_of[r] = k
+            free[k] -= 1
+    to_rank = np.empty(R, dtype=np.int64)
+    for k in range(K):
+        to_rank[np.flatnonzero(node_of == k)] = np.flatnonzero(rank_node == k)
+    return to_rank
 
 
 @njit(cache=True, nogil=True, inline="always")

@@ -290,6 +290,36 @@ def test_swap_home_matches_reference_and_raises_no_bound(data):
 
 @given(st.data())
 @settings(max_examples=150, deadline=None)
+def test_home_ranks_matches_reference_and_keeps_the_heaviest_pairs(data):
+    lengths, _, R, _, rank_node, home, rank, _ = _placed(data)
+    node_ranks = np.bincount(rank_node, minlength=int(rank_node.max()) + 1)
+    args = (rank, lengths, home, rank_node, node_ranks)
+    to_rank = K.home_ranks(*args)
+    np.testing.assert_array_equal(to_rank, K.home_ranks_ref(*args))
+    np.testing.assert_array_equal(np.sort(to_rank), np.arange(R))  # a permutation of the ranks
+    for k in range(node_ranks.size):  # a node's plan ranks go to its ranks in ascending order
+        mine = to_rank[rank_node[to_rank] == k]
+        np.testing.assert_array_equal(mine, np.flatnonzero(rank_node == k))
+    tokens = np.bincount(rank * node_ranks.size + home, weights=lengths, minlength=R * node_ranks.size)
+    tokens[np.tile(node_ranks == 0, R)] = 0  # a node without ranks takes none
+    if tokens.max(initial=0) > 0:  # the heaviest (plan rank, node) pair is kept
+        r, k = divmod(int(np.argmax(tokens)), node_ranks.size)
+        assert rank_node[to_rank[r]] == k
+
+
+def test_home_ranks_at_scale_matches_reference():
+    """1,024 ranks on 128 nodes, 8,192 samples (the reference sorts all 131,072 pairs; the kernel those that hold
+    tokens)."""
+    rng = np.random.default_rng(3)
+    rank_node = np.repeat(np.arange(128), 8)
+    lengths = rng.integers(1, 2000, size=8192)
+    home, rank = rng.integers(0, 128, size=8192), rng.integers(0, 1024, size=8192)
+    args = (rank, lengths, home, rank_node, np.full(128, 8))
+    np.testing.assert_array_equal(K.home_ranks(*args), K.home_ranks_ref(*args))
+
+
+@given(st.data())
+@settings(max_examples=150, deadline=None)
 def test_split_nodes_matches_reference(data):
     n = data.draw(st.integers(1, 80))
     lengths = np.asarray(data.draw(st.lists(st.integers(1, 400), min_size=n, max_size=n)), dtype=np.int64)
