@@ -17,4 +17,45 @@ tie-breaking rules each module states are part of the contract. Bins are ``b = r
   is ``balanced`` itself: the same starts, one Python round per step);
 - ``totals``: per-bin totals of a plan, the summary its metrics come from, a candidate's layout and scores, and
   NumPy's pairwise sum (scores equal to the last bit).
+
+numba stamps a cached kernel with its own file's contents only: a kernel whose callee in another of these files
+changed would load its old machine code, the old callee compiled in (``settle_steps`` kept ``tighten``'s and
+``refine``'s old code after both changed). :func:`_stamp_with_the_package`, run on import before any kernel is
+defined, makes every kernel's stamp cover every file of this package, so a change to any of them compiles them all
+again (where numba's caching is not as this expects, it changes nothing).
 """
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+
+def _stamp_with_the_package() -> None:
+    """Add the digest of this package's files to the cache stamp of every kernel defined in them."""
+    try:
+        from numba.core import caching
+
+        impl, backed = caching.CacheImpl, caching._SourceFileBackedLocatorMixin
+        classes = list(impl._locator_classes)
+    except (ImportError, AttributeError):
+        return
+    if getattr(impl, "_freescale_stamped", False):
+        return
+    here = Path(__file__).resolve().parent
+    digest = hashlib.sha256(b"".join(path.read_bytes() for path in sorted(here.glob("*.py")))).hexdigest()
+
+    def stamped(base: type) -> type:
+        class Stamped(base):
+            def get_source_stamp(self):
+                stamp = super().get_source_stamp()
+                return (stamp, digest) if Path(self._py_file).resolve().parent == here else stamp
+
+        Stamped.__name__ = Stamped.__qualname__ = base.__name__
+        return Stamped
+
+    impl._locator_classes = [stamped(c) if issubclass(c, backed) else c for c in classes]
+    impl._freescale_stamped = True
+
+
+_stamp_with_the_package()
