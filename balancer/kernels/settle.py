@@ -6,16 +6,17 @@ their first start or two, and the Python between the kernels (the problem, each 
 candidates, the choice) cost more than the kernels. This kernel runs, for every step of a window, step after
 step, the starts ``balanced`` would run first, calling the same kernels with the same arguments:
 
-- where a sample costs more than a mean bin and a rank's share more than that sample: the *stacked* start
-  (``colfill.column_fill`` up to the peak bound, refined and exchanged towards the stacked levels, laid out);
-  settled where it certifies;
+- where a sample costs more than a mean bin: the *stacked* start (``colfill.column_fill`` up to the peak bound,
+  refined and exchanged towards the stacked levels, laid out), or, where that sample also outweighs a rank's share,
+  the *column fill* (refined and exchanged towards its own levels, laid out; not under ``equal_count``, where it
+  seldom certifies); settled where it certifies;
 - elsewhere (every sample at most a mean bin): the flat starts, ``fill`` (``runs.deficit_fill``, without a token
   cap or ``equal_count``) and ``lpt`` (``runs.ring_lpt``), each spread over its runs, refined, exchanged,
   tightened and regrouped onto ranks; settled by ``fill`` where it certifies, else by the better of the two,
   chosen as ``balanced`` chooses, where no column start follows them (at least ``fill_only`` samples per bin,
   and no ``equal_count`` below ``lpt_only`` samples) or ``lpt`` certifies.
 
-A step it does not settle (the column fill runs first, the stacked start does not certify, the column starts
+A step it does not settle (the stacked start or the column fill does not certify, the column starts
 follow flat ones that do not certify, the ``lpt`` start finds no room) is ``balanced``'s to plan: what the kernel
 did for it is done again there, so the steps it takes on are those its starts settle, every time or most of the
 time.
@@ -75,7 +76,7 @@ def settle_steps(lengths, costs, offsets, ranks, microbatches, token_cap, quotas
     return settled, rank, slot
 
 
-# ``_settle``, ``_stack``, ``_flat`` and ``_polished_flat`` are inlined into ``settle_steps``: as functions of their
+# ``_settle``, ``_column_start``, ``_flat`` and ``_polished_flat`` are inlined into ``settle_steps``: as functions of their
 # own each would link the large kernels it calls (refine, exchange, tighten, the fills) into its own module and
 # LLVM would optimize them again at every level of the nesting. Inlined, the cold compile of ``settle_steps`` with
 # its callees compiled takes 8.5 s instead of 21 s; the warm kernel runs as fast.
@@ -94,9 +95,12 @@ def _settle(lengths, costs, ranks, rules, seed, rank_objective, tolerances, budg
     lower_bound = max(mean, costliest)
     time_floor = max(total / ranks, costliest)
     if costliest > mean:
-        if time_floor <= costliest:
-            return none, none, none  # the column fill runs first
-        bins = _stack(lengths, costs, ranks, rules, seed, lower_bound, budgets, tolerances[0])
+        if time_floor <= costliest:  # a sample outweighs a rank's share: the column fill runs first
+            if rules.quotas:
+                return none, none, none  # under equal counts it did not certify in 174 of 174 such steps: balanced's
+            bins = _column_start(lengths, costs, ranks, rules, seed, 0.0, costliest, budgets, tolerances[0])
+        else:
+            bins = _column_start(lengths, costs, ranks, rules, seed, lower_bound, lower_bound, budgets, tolerances[0])
         if bins.shape[0] == 0:
             return none, none, none
         rank_of_bin = np.arange(n_bins) // microbatches
@@ -111,29 +115,33 @@ def _settle(lengths, costs, ranks, rules, seed, rank_objective, tolerances, budg
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _stack(lengths, costs, ranks, rules, seed, lower_bound, budgets, tolerance):
-    """The stacked start, refined and exchanged (``balanced._Starts.run("stack")``): bins (n,), or empty where the
-    fill found no plan."""
+def _column_start(lengths, costs, ranks, rules, seed, peak, exact, budgets, tolerance):
+    """A column start as ``balanced._Starts.run`` makes it: ``peak`` > 0, the stacked start (the column fill stacked up
+    to ``peak``, polished towards the stacked levels, ``polish.stacked_levels``); ``peak`` 0, the column fill (towards
+    its own levels); refined and exchanged (and tightened, with one slot) with thresholds never past ``exact``
+    (``polish.polish``): bins (n,), or empty where the fill found no plan."""
     microbatches = rules.microbatches
     n, n_bins = lengths.shape[0], ranks * microbatches
     order = order_by_length_desc(lengths, seed)
-    bins, fill_levels = column_fill(order, costs, lengths, ranks, rules, lower_bound)
+    bins, fill_levels = column_fill(order, costs, lengths, ranks, rules, peak)
     for i in range(n):
         if bins[i] < 0:
             return np.empty(0, dtype=np.int64)
-    # the stacked levels (``polish.stacked_levels``): filled slots keep the peak, the others the costliest
-    # bin the fill left there where above their level; then raised above zero (``polish.positive_levels``)
-    grid = _loads(bins, costs, n_bins).reshape(ranks, microbatches)
-    levels = np.empty(microbatches)
-    for j in range(microbatches):
-        levels[j] = fill_levels[j] if fill_levels[j] >= lower_bound else max(fill_levels[j], grid[:, j].max())
-    least = levels[0] * 1e-9 if levels[0] > 0 else 1.0
+    levels = fill_levels.copy()
+    if peak > 0.0:  # filled slots keep the peak, the others the costliest bin left there if above it
+        grid = _loads(bins, costs, n_bins).reshape(ranks, microbatches)
+        for j in range(microbatches):
+            if fill_levels[j] < peak:
+                levels[j] = max(fill_levels[j], grid[:, j].max())
+    least = levels[0] * 1e-9 if levels[0] > 0 else 1.0  # raised above zero (``polish.positive_levels``)
     for j in range(microbatches):
         levels[j] = max(levels[j], least)
-    threshold = bin_thresholds(levels[np.arange(n_bins) % microbatches], tolerance, lower_bound)
+    threshold = bin_thresholds(levels[np.arange(n_bins) % microbatches], tolerance, exact)
     work = budgets[1] * max(n, n_bins)
     refine(bins, costs, lengths, threshold, rules, budgets[0] * n_bins, work)
     exchange(bins, costs, lengths, threshold, rules, work)
+    if microbatches == 1:
+        tighten(bins, costs, lengths, n_bins, rules, levels[0], budgets[2] * n_bins, np.int64(SCANNED_FALLBACKS))
     return bins
 
 
