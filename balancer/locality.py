@@ -130,6 +130,13 @@ def _node_indices(name: str, values, size: int, what: str) -> np.ndarray:
     return arr
 
 
+def warm_up() -> None:
+    """Compile (or load) ``home_ranks``: of the locality-aware plan's kernels only a step whose local plan loses the
+    quality rule calls it, and a warm-up's steps may all keep theirs (:func:`loader.stages.pipeline.warm_up`)."""
+    one = np.zeros(1, dtype=np.int64)
+    home_ranks(one, one, one, one, np.ones(1, dtype=np.int64))
+
+
 def crossing(layout: Layout, lengths: np.ndarray, rank: np.ndarray) -> tuple[float, float]:
     """Fractions of samples and of tokens placed on a rank of another node than their home."""
     if not lengths.size:

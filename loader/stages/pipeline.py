@@ -53,6 +53,7 @@ import numba
 import numpy as np
 
 from balancer import Plan, StepError
+from balancer.locality import warm_up as locality_warm_up
 from loader.stages.clean import DROP_LAST, REASONS, VALID, UnitMeta
 from loader.config import LoaderConfig
 from loader.stages.nodes import NodeLayout
@@ -383,7 +384,8 @@ COMPILE_NOTICE_S = 5.0  # a warm_up still running after this long is compiling: 
 
 def warm_up(config: LoaderConfig) -> None:
     """Plan two tiny batches as the run plans its windows (:meth:`BatchSpec.plan_steps`; with ``locality``, also
-    locality-aware over two nodes, as a multi-node run plans), and compose them as one window
+    locality-aware over two nodes, as a multi-node run plans, and :func:`balancer.locality.warm_up`), and compose them
+    as one window
     (:meth:`BatchSpec.composition`), so the planner's kernels are compiled (or loaded from numba's cache)
     before the first timed step: one of equal lengths, one with a long sample. Loaded, that takes well under a
     second; still running after ``COMPILE_NOTICE_S`` it is compiling, and a warning is logged (a silent minute
@@ -404,6 +406,8 @@ def warm_up(config: LoaderConfig) -> None:
             if config.locality and config.ranks > 1:  # as a run over several trainer nodes plans: two, here
                 config.plan(lengths, home=np.arange(len(lengths)) % 2,
                             rank_node=np.arange(config.ranks) * 2 // config.ranks)
+        if config.locality and config.ranks > 1:
+            locality_warm_up()
         if config.window_steps > 1 and len(batches) > 1:  # a window of the two, composed as a run composes
             config.composition(np.concatenate(batches), np.array([len(b) for b in batches], dtype=np.int64))
     finally:
