@@ -76,9 +76,9 @@ def settle_steps(lengths, costs, offsets, ranks, microbatches, token_cap, quotas
     return settled, rank, slot
 
 
-# ``_settle``, ``_column_start``, ``_flat`` and ``_polished_flat`` are inlined into ``settle_steps``: as functions of their
-# own each would link the large kernels it calls (refine, exchange, tighten, the fills) into its own module and
-# LLVM would optimize them again at every level of the nesting. Inlined, the cold compile of ``settle_steps`` with
+# ``_settle``, ``_column_start``, ``_flat`` and ``_polished_flat`` are inlined into ``settle_steps``: as functions of
+# their own each would link the large kernels it calls (refine, exchange, tighten, the fills) into its own module
+# and LLVM would optimize them again at every level of the nesting. Inlined, the cold compile of ``settle_steps`` with
 # its callees compiled takes 8.5 s instead of 21 s; the warm kernel runs as fast.
 @njit(cache=True, nogil=True, inline="always")
 def _settle(lengths, costs, ranks, rules, seed, rank_objective, tolerances, budgets):

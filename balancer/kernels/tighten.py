@@ -28,10 +28,11 @@ Rules (the twin follows them exactly):
   wins, ties to the earlier ``e``, then to the nearer-below ``f``;
 - the first partner (in order) with a valid swap gets it (both bins end below ``load(a)``).
 
-Where every cost is a whole number (the default cost model, L^2, and token counts), so are the loads and every
-``d``: no swap fits once the peak bin is at most one unit above the lightest, and the search stops there instead of
-offering every entry to every partner to find none (a flat plan of 1,024 short histories onto 2 x 4 is left there
-by ``refine``: 140 us a call spent finding nothing). The twin needs no such stop: it finds no swap either.
+Where every cost is a whole number (the default cost model, L^2, and token counts) and their sum below 2^53 (every
+sum exact), so are the loads and every ``d``: no swap fits once the peak bin is at most one unit above the lightest,
+and the search stops there instead of offering every entry to every partner to find none (a flat plan of 1,024 short
+histories onto 2 x 4 is left there by ``refine``: 140 us a call spent finding nothing). The twin needs no such stop:
+it finds no swap either.
 
 Every swap lowers the sum of squared loads, so the peak never rises and the search ends. Pools keep
 a step at O(SMALLEST^2 log SMALLEST) per partner; the every-sample entries scan the plan for a bin's
@@ -228,9 +229,9 @@ def tighten(bins, costs, lengths, n_bins, rules, floor, max_steps, scans):
     """
     fill = fill_of(bins, costs, lengths, n_bins)
     loads = fill.loads
-    whole = True  # every cost a whole number: so is every load and every swap's d
+    whole = loads.sum() < 2.0**53  # every cost a whole number, and sums exact: so is every load and every swap's d
     for i in range(costs.shape[0]):
-        if costs[i] != np.floor(costs[i]):
+        if not whole or costs[i] != np.floor(costs[i]):
             whole = False
             break
     if _settled(loads, floor, whole):

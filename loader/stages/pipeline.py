@@ -384,10 +384,9 @@ COMPILE_NOTICE_S = 5.0  # a warm_up still running after this long is compiling: 
 
 def warm_up(config: LoaderConfig) -> None:
     """Plan two tiny batches as the run plans its windows (:meth:`BatchSpec.plan_steps`; with ``locality``, also
-    locality-aware over two nodes, as a multi-node run plans, and :func:`balancer.locality.warm_up`), and compose them
-    as one window
-    (:meth:`BatchSpec.composition`), so the planner's kernels are compiled (or loaded from numba's cache)
-    before the first timed step: one of equal lengths, one with a long sample. Loaded, that takes well under a
+    locality-aware over two nodes, as a multi-node run plans, and :func:`balancer.locality.warm_up`), and compose
+    them as one window (:meth:`BatchSpec.composition`), so the planner's kernels are compiled (or loaded from numba's
+    cache) before the first timed step: one of equal lengths, one with a long sample. Loaded, that takes well under a
     second; still running after ``COMPILE_NOTICE_S`` it is compiling, and a warning is logged (a silent minute
     would look like a hang)."""
     bins = config.ranks * config.microbatches
