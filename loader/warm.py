@@ -6,8 +6,9 @@ container image whose cache is empty pays that in every job it starts. :func:`wa
 on a few hundred rows written to a temporary folder (a feature column of each common numeric type; a
 ``max_seq_len`` that cuts some rows), so the cache holds each kernel at each signature a run calls it with; run it
 once where the image is built (``RUN freescale warm``, deploy/Dockerfile) or on each node before the trainers
-start. numba keys its cache by the source files and this CPU's name and features: a machine of another CPU
-compiles again on first use, as without a warm cache, and adds its own entries.
+start. numba keys its cache by the source files (a planner kernel by every file of ``balancer.kernels``, since a
+kernel there compiles in the ones it calls from the others) and this CPU's name and features: a machine of another
+CPU compiles again on first use, as without a warm cache, and adds its own entries.
 """
 
 from __future__ import annotations
