@@ -172,22 +172,12 @@ def home_ranks(rank, lengths, home, rank_node, node_ranks):
                 k += 1
             node_of[r] = k
             free[k] -= 1
+    by_node, start = counting_sort(rank_node, np.arange(R), K)  # the ranks node by node, ascending
     to_rank = np.empty(R, dtype=np.int64)
-    nxt = np.zeros(K + 1, dtype=np.int64)  # where each node's ranks start in ``by_node``
-    for q in range(R):
-        nxt[rank_node[q] + 1] += 1
-    for q in range(K):
-        nxt[q + 1] += nxt[q]
-    by_node = np.empty(R, dtype=np.int64)  # the ranks node by node, ascending
-    for q in range(R):
-        by_node[nxt[rank_node[q]]] = q
-        nxt[rank_node[q]] += 1
-    taken = np.zeros(K, dtype=np.int64)
-    start = nxt[:K] - node_ranks  # ``nxt`` ended at each node's end
     for r in range(R):
         k = node_of[r]
-        to_rank[r] = by_node[start[k] + taken[k]]
-        taken[k] += 1
+        to_rank[r] = by_node[start[k]]
+        start[k] += 1
     return to_rank
 
 

@@ -95,12 +95,10 @@ def _settle(lengths, costs, ranks, rules, seed, rank_objective, tolerances, budg
     lower_bound = max(mean, costliest)
     time_floor = max(total / ranks, costliest)
     if costliest > mean:
-        if time_floor <= costliest:  # a sample outweighs a rank's share: the column fill runs first
-            if rules.quotas:
-                return none, none, none  # under equal counts it did not certify in 174 of 174 such steps: balanced's
-            bins = _column_start(lengths, costs, ranks, rules, seed, 0.0, costliest, budgets, tolerances[0])
-        else:
-            bins = _column_start(lengths, costs, ranks, rules, seed, lower_bound, lower_bound, budgets, tolerances[0])
+        stacked = time_floor > costliest  # else a sample outweighs a rank's share: the column fill runs first
+        if not stacked and rules.quotas:
+            return none, none, none  # under equal counts that did not certify in 174 of 174 such steps: balanced's
+        bins = _column_start(lengths, costs, ranks, rules, seed, stacked, lower_bound, budgets, tolerances[0])
         if bins.shape[0] == 0:
             return none, none, none
         rank_of_bin = np.arange(n_bins) // microbatches
@@ -115,20 +113,22 @@ def _settle(lengths, costs, ranks, rules, seed, rank_objective, tolerances, budg
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _column_start(lengths, costs, ranks, rules, seed, peak, exact, budgets, tolerance):
-    """A column start as ``balanced._Starts.run`` makes it: ``peak`` > 0, the stacked start (the column fill stacked up
-    to ``peak``, polished towards the stacked levels, ``polish.stacked_levels``); ``peak`` 0, the column fill (towards
-    its own levels); refined and exchanged (and tightened, with one slot) with thresholds never past ``exact``
-    (``polish.polish``): bins (n,), or empty where the fill found no plan."""
+def _column_start(lengths, costs, ranks, rules, seed, stacked, lower_bound, budgets, tolerance):
+    """A column start of a step whose costliest sample is its ``lower_bound``, as ``balanced._Starts.run`` makes it:
+    ``stacked``, the stacked start (the column fill stacked up to the bound, polished towards the stacked levels,
+    ``polish.stacked_levels``), else the column fill (towards its own levels); refined and exchanged (and tightened,
+    with one slot) with thresholds never past the bound (``polish.polish``): bins (n,), or empty where the fill found
+    no plan."""
     microbatches = rules.microbatches
     n, n_bins = lengths.shape[0], ranks * microbatches
     order = order_by_length_desc(lengths, seed)
+    peak = lower_bound if stacked else 0.0
     bins, fill_levels = column_fill(order, costs, lengths, ranks, rules, peak)
     for i in range(n):
         if bins[i] < 0:
             return np.empty(0, dtype=np.int64)
     levels = fill_levels.copy()
-    if peak > 0.0:  # filled slots keep the peak, the others the costliest bin left there if above it
+    if stacked:  # filled slots keep the peak, the others the costliest bin left there if above it
         grid = _loads(bins, costs, n_bins).reshape(ranks, microbatches)
         for j in range(microbatches):
             if fill_levels[j] < peak:
@@ -136,7 +136,7 @@ def _column_start(lengths, costs, ranks, rules, seed, peak, exact, budgets, tole
     least = levels[0] * 1e-9 if levels[0] > 0 else 1.0  # raised above zero (``polish.positive_levels``)
     for j in range(microbatches):
         levels[j] = max(levels[j], least)
-    threshold = bin_thresholds(levels[np.arange(n_bins) % microbatches], tolerance, exact)
+    threshold = bin_thresholds(levels[np.arange(n_bins) % microbatches], tolerance, lower_bound)
     work = budgets[1] * max(n, n_bins)
     refine(bins, costs, lengths, threshold, rules, budgets[0] * n_bins, work)
     exchange(bins, costs, lengths, threshold, rules, work)
