@@ -9,7 +9,8 @@ Its readers (``loader.control.protocol.Readers``):
 
 - ``fetch(unit, node)`` returns at once the unit's ``UnitMeta`` (every row valid, lengths drawn before the
   timed run, as a reader would have decoded them), a small handle, and the node it was asked to read on
-  (its home): readers are not this bench's subject, and reading costs the coordinator nothing but the meta.
+  (its home; where none is asked, as on one node, the trainer nodes in turn, as Ray's readers are spread):
+  readers are not this bench's subject, and reading costs the coordinator nothing but the meta.
 - ``pack(node, pieces, handles)`` returns one small handle per rank at once (packing is the readers' work).
 - The index is a ``loader.contract.sources.SourceIndex`` built in memory: one file name, ``units`` row groups of
   ``--rows-per-group`` rows (the last one shorter so there are exactly ``--steps`` steps), the data contract's
@@ -118,12 +119,14 @@ class Ref:
 class StandInReaders:
     """The readers, answering at once: each unit's meta as drawn, small handles (see the module docstring)."""
 
-    def __init__(self, metas: list[UnitMeta]) -> None:
+    def __init__(self, metas: list[UnitMeta], nodes: list[str]) -> None:
         self.metas = metas
+        self.nodes = nodes  # where a read no node was asked for goes: in turn, as Ray spreads its readers
         self.refs = iter(range(1 << 62))
 
     async def fetch(self, unit: int, node) -> Fetched:
-        return Fetched(self.metas[unit], Ref(unit.to_bytes(28, "little"), 0, 1), node)
+        where = self.nodes[unit % len(self.nodes)] if node is None else node
+        return Fetched(self.metas[unit], Ref(unit.to_bytes(28, "little"), 0, 1), where)
 
     async def pack(self, node, pieces: dict, handles: dict) -> Packed:
         return Packed({rank: Ref(next(self.refs).to_bytes(28, "little"), 0, 1) for rank in pieces})
@@ -188,7 +191,7 @@ async def serve(index: SourceIndex, config: LoaderConfig, metas: list[UnitMeta],
     """One run of every rank over epoch 0; returns timings, what each rank received and (``keep``) every message."""
     per_node = config.ranks // nodes
     node_of = [f"node-{rank // per_node}" for rank in range(config.ranks)]
-    service = Service(index, config, StandInReaders(metas), readahead=readahead, watch=False)
+    service = Service(index, config, StandInReaders(metas, sorted(set(node_of))), readahead=readahead, watch=False)
     steps_of = [[] for _ in range(config.ranks)]
     rows_of = [0] * config.ranks
     messages_of = [0] * config.ranks

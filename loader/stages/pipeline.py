@@ -83,7 +83,9 @@ class Visited(NamedTuple):
     cut: np.ndarray
 
     def then(self, new: Visited, first: int, last: int) -> Visited:
-        """These rows followed by ``new``'s rows ``[first, last)``."""
+        """These rows followed by ``new``'s rows ``[first, last)`` (views of ``new``'s where these are none)."""
+        if not len(self.unit):
+            return Visited(*(theirs[first:last] for theirs in new))
         return Visited(*(np.concatenate([mine, theirs[first:last]]) for mine, theirs in zip(self, new)))
 
     def emptied(self) -> Visited:
@@ -265,18 +267,19 @@ class EpochRun:
             np.concatenate([m.cut for m in metas]).astype(np.int64)[at],
         )
         ends = cut_batches(status == VALID, pending=len(self.pending.unit), size=self.config.samples_per_step)
-        start = first = 0
-        for end in ends.tolist():
-            last = int(np.searchsorted(positions, end))  # valid rows before end
+        lasts = np.searchsorted(positions, ends)  # (k,) valid rows before each end
+        tallies = _Tallies(status, new.cut, ends, lasts)
+        first = 0
+        for i, (end, last) in enumerate(zip(ends.tolist(), lasts.tolist())):
             batch = self._take(new, first, last)
             counts = self.pending_counts
-            self._visit(counts, status[start:end], new.cut[first:last])
+            tallies.count(counts, i)
             counts.delivered += len(batch.unit)
             self.pending_counts = Counts()
             self.cursor = begin + skip + end
             yield self._batch(batch, counts)
-            start, first = end, last
-        self._visit(self.pending_counts, status[start:], new.cut[first:])
+            first = last
+        tallies.count(self.pending_counts, len(ends))
         self.pending = self._take(new, first, len(positions))
         self.cursor = int(self.order.block_starts[block + 1])
 
@@ -300,15 +303,6 @@ class EpochRun:
         out = self.pending.then(new, first, last)
         self.pending = self.pending.emptied()
         return out
-
-    @staticmethod
-    def _visit(counts: Counts, status: np.ndarray, cut: np.ndarray) -> None:
-        """Count positions just visited: skipped rows by reason, truncation of the new valid rows."""
-        codes = np.bincount(status, minlength=len(REASONS))
-        for code in range(1, len(REASONS)):
-            counts.skip(REASONS[code], int(codes[code]))
-        counts.truncated_rows += int(np.count_nonzero(cut))
-        counts.truncated_events += int(cut.sum())
 
     def _batch(self, batch: Visited, counts: Counts) -> Batch:
         """The next step's :class:`Batch`; the step counter moves on."""
@@ -371,6 +365,31 @@ class EpochRun:
             **vars(batch), order=order, bins=bins, loads=plan.loads.astype(np.float64), planner_seconds=seconds,
             metrics=plan.metrics, crossing=crossing,
         )  # fmt: skip
+
+
+class _Tallies:
+    """What a block's stretches passed, counted once for the block: stretch i < k is the positions before ``ends[i]``
+    (after ``ends[i - 1]``), holding valid rows ``lasts[i - 1] .. lasts[i] - 1``; stretch k the block's rest. ``status``
+    (n,) of the block's positions, ``cut`` (v,) events cut from each of its valid rows."""
+
+    def __init__(self, status: np.ndarray, cut: np.ndarray, ends: np.ndarray, lasts: np.ndarray) -> None:
+        stretches = len(ends) + 1
+        bad = np.flatnonzero(status != VALID)  # few: skipped rows
+        keys = np.searchsorted(ends, bad, side="right") * len(REASONS) + status[bad]
+        self.codes = np.bincount(keys, minlength=stretches * len(REASONS)).reshape(stretches, len(REASONS))
+        self.skips = self.codes.any(axis=1).tolist()
+        truncated = np.flatnonzero(cut)
+        stretch = np.searchsorted(lasts, truncated, side="right")
+        self.rows = np.bincount(stretch, minlength=stretches).tolist()
+        self.events = np.bincount(stretch, weights=cut[truncated], minlength=stretches).astype(np.int64).tolist()
+
+    def count(self, counts: Counts, i: int) -> None:
+        """Add stretch ``i``'s skipped rows (by reason) and truncation to ``counts``."""
+        if self.skips[i]:
+            for code in range(1, len(REASONS)):
+                counts.skip(REASONS[code], int(self.codes[i, code]))
+        counts.truncated_rows += self.rows[i]
+        counts.truncated_events += self.events[i]
 
 
 def _unplannable(batch: Batch, exc: Exception) -> ValueError:
