@@ -124,3 +124,45 @@ def test_rows_carried_into_a_block_stay_in_its_first_step_where_that_costs_no_ti
             else:
                 assert pinned.time > free.time * (1 + 1e-9), f"seed {seed}, block {block}: carried rows moved"
     assert mattered
+
+
+@given(rows=st.lists(st.integers(0, 60), min_size=1, max_size=8), size=st.integers(1, 15),
+       shuffle_window=st.integers(1, 100), drop_last=st.booleans(), seed=st.integers(0, 2**32))
+@settings(max_examples=60, deadline=None)
+def test_each_step_counts_what_the_order_passed_since_the_step_before(rows, size, shuffle_window, drop_last, seed):
+    """A step's counts are the positions of the order from the step before's end to its own: skipped rows by reason,
+    its rows delivered, and the truncation of those rows; what follows the last step is the epoch's tail."""
+    from loader.stages.clean import REASONS
+
+    rng = np.random.default_rng(seed)
+    metas = []
+    for n in rows:
+        status = np.where(rng.random(n) < 0.3, rng.integers(1, len(REASONS), n), VALID).astype(np.int8)
+        valid = int(np.count_nonzero(status == VALID))
+        cut = np.where(rng.random(valid) < 0.3, rng.integers(1, 9, valid), 0).astype(np.int32)
+        metas.append(UnitMeta(status, rng.integers(1, 41, valid).astype(np.int32), cut))
+    index = SimpleNamespace(units=[SimpleNamespace(rows=n) for n in rows], groups=np.arange(len(rows)))
+    config = LoaderConfig(ranks=1, microbatches=1, samples_per_step=size, compose=False, drop_last=drop_last,
+                          shuffle_window=shuffle_window, seed=seed % 1000, backend="inline")
+    run = EpochRun(index, config, epoch=0)
+    steps = [b for block in run.blocks() for b in run.batches(block, [metas[u] for u in run.units(block)])]
+    steps += list(run.last_batch())
+    order_status = []  # every position's status, in epoch order
+    for block in range(run.order.blocks):
+        units = run.order.units_of(block)
+        member, row = run.order.rows_of(block, run.unit_rows)
+        order_status += [int(metas[units[m]].status[r]) for m, r in zip(member.tolist(), row.tolist())]
+    start = 0
+    for batch, end in zip(steps, [b.cursor for b in steps]):  # a step's cursor: the position after its last row
+        passed = np.bincount(order_status[start:end], minlength=len(REASONS))
+        assert batch.counts.skipped == {REASONS[c]: int(passed[c]) for c in range(1, len(REASONS)) if passed[c]}
+        assert batch.counts.delivered == len(batch.unit)
+        cut = np.array([metas[u].cut[r] for u, r in zip(batch.unit.tolist(), batch.row.tolist())], dtype=np.int64)
+        assert (batch.counts.truncated_rows, batch.counts.truncated_events) == (np.count_nonzero(cut), cut.sum())
+        start = end
+    total = np.bincount(order_status, minlength=len(REASONS))
+    tail = run.tail
+    for c in range(1, len(REASONS)):
+        assert sum(b.counts.skipped.get(REASONS[c], 0) for b in steps) + tail.skipped.get(REASONS[c], 0) == total[c]
+    assert sum(b.counts.delivered for b in steps) + tail.skipped.get("drop_last", 0) == (total[VALID] if
+                                                                                          len(order_status) else 0)
