@@ -21,11 +21,13 @@ across only what evens out the nodes' loads, choosing what crosses to move few t
    sample leaves its node only for room that node's own samples did not take (a node's two largest
    samples that do not fit its ranks' slot-0 bins together, say). Then ``balanced``'s local search and
    exchange over all bins (a few moves may cross nodes where they lower a bin over its level) and each
-   rank's microbatches heaviest first. Where a sample costs more than a mean bin, the fill is first
-   *stacked* up to it (``balanced``'s stack start: every rank's work in as few slots as that peak allows),
-   kept where it meets ``balanced``'s certificate, else the better of the two (peak, then lockstep time): on
-   composed steps, whose heavy samples share steps, the unstacked fill alone left a lockstep bubble of about
-   0.001, enough to lose the quality rule in 3 of 16 steps. Above ``COLUMN_FILL_WORK`` (N R M: large
+   rank's microbatches heaviest first. Where a sample costs more than a mean bin, the fill is also
+   *stacked* up to it (``balanced``'s stack start: every rank's work in as few slots as that peak allows);
+   the two run in ``balanced``'s order (the unstacked fill first where a rank's share fits below the costliest
+   sample, there it usually reaches both floors; else the stacked one), the first that meets ``balanced``'s
+   certificate is kept, else the better of the two (peak, then lockstep time): on composed steps, whose heavy
+   samples share steps, the unstacked fill alone left a lockstep bubble of about 0.001, enough to lose the
+   quality rule in 3 of 16 steps. Above ``COLUMN_FILL_WORK`` (N R M: large
    batches), where no sample costs more than a mean bin (every level is the mean), each node's samples are
    planned onto its ranks alone by the non-local planner instead; otherwise there is no local plan.
 4. **Quality rule** (``LOCALITY_TOLERANCE`` = 0.1%): the local plan is kept when its peak bin cost and its
@@ -194,16 +196,28 @@ def _local_plan(problem: Problem, layout: Layout, order: np.ndarray, plain: Plan
 
 def _grouped_plan(problem: Problem, layout: Layout, order: np.ndarray, node: np.ndarray) -> _Local | None:
     """The grouped column fill over ranks numbered node by node, polished by ``balanced``'s search. Where a
-    sample costs more than a mean bin, first stacked up to the peak bound (``balanced``'s stack start), kept
-    where it meets ``balanced``'s certificate for that start (peak at the bound, lockstep time within
-    CERTIFY_TOLERANCE of its floor); else the better of the two: the lower peak (within CHOICE_TOLERANCE), then
-    the lower lockstep time, the time the quality rule compares."""
+    sample costs more than a mean bin, also stacked up to the peak bound (``balanced``'s stack start), the two in
+    ``balanced``'s order (the unstacked one first where a rank's share fits below that bound); the first that
+    meets ``balanced``'s certificate (peak at the bound, lockstep time within CERTIFY_TOLERANCE of its floor) is
+    kept without the other; else the better of the two: the lower peak (within CHOICE_TOLERANCE), then the lower
+    lockstep time, the time the quality rule compares."""
     total, costliest = float(problem.costs.sum()), float(problem.costs.max())
-    stacked = _grouped_fill(problem, layout, order, node, costliest) if costliest > total / problem.n_bins else None
-    if (stacked is not None and stacked.peak <= costliest
-            and stacked.lockstep <= max(total / problem.ranks, costliest) * (1.0 + CERTIFY_TOLERANCE)):
+    floor = max(total / problem.ranks, costliest) * (1.0 + CERTIFY_TOLERANCE)
+
+    def certified(local: _Local | None) -> bool:
+        return local is not None and local.peak <= costliest and local.lockstep <= floor
+
+    heavy = costliest > total / problem.n_bins
+    plain = None
+    if heavy and total / problem.ranks <= costliest:  # a rank's share fits below the costliest sample: the fill
+        plain = _grouped_fill(problem, layout, order, node, 0.0)  # reaches both floors (``balanced``'s order)
+        if certified(plain):
+            return plain
+    stacked = _grouped_fill(problem, layout, order, node, costliest) if heavy else None
+    if certified(stacked):
         return stacked  # certified as ``balanced`` certifies its stack start: the other fill could only tie
-    plain = _grouped_fill(problem, layout, order, node, 0.0)
+    if plain is None:
+        plain = _grouped_fill(problem, layout, order, node, 0.0)
     found = [local for local in (stacked, plain) if local is not None]
     if not found:
         return None
