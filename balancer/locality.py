@@ -34,8 +34,13 @@ across only what evens out the nodes' loads, choosing what crosses to move few t
    lockstep time (``sum_j max_r C[r, j]``) are each within 0.1% of the non-local plan's (same method, same
    inputs). Neither can go below its floor (``lower_bound``, and ``max(total / R, costliest sample)``), so
    a local plan within 0.1% of both floors is kept without planning the non-local one; otherwise the
-   non-local plan is computed and compared. When the local plan loses (or there is none), the non-local
-   plan is used with its ranks assigned to nodes to keep the most tokens home (``home_ranks``).
+   non-local plan is computed and compared. Under ``equal_count`` with fewer than ``FILL_ONLY_PER_BIN``
+   samples a bin, where the floors are seldom in reach, the non-local plan is made first, and the local
+   fills' search stops as soon as their peak and lockstep time are within ``TARGET_TOLERANCE`` (0.01%) of
+   it (``refine``'s targets): polished on towards floors it cannot reach, a fill spent its whole work budget
+   (2.5 ms a plan at 1,024 onto 8 x 4) and moved more samples off their nodes. When the local plan loses (or
+   there is none), the non-local plan is used with its ranks assigned to nodes to keep the most tokens home
+   (``home_ranks``).
 5. **Trades**: whole bins of one slot trade ranks across nodes where that brings tokens home
    (``kernels.locality.swap_bins``: a bin goes to the node most of its tokens are homed on, no rank above the
    costliest rank total; bins move whole, so no bin and no slot's costliest bin changes); then samples away
@@ -59,7 +64,7 @@ from functools import cached_property
 
 import numpy as np
 
-from balancer.balanced import CERTIFY_TOLERANCE, CHOICE_TOLERANCE
+from balancer.balanced import CERTIFY_TOLERANCE, CHOICE_TOLERANCE, FILL_ONLY_PER_BIN
 from balancer.kernels.colfill import COLUMN_FILL_WORK, column_fill_grouped
 from balancer.kernels.locality import away, home_ranks, move_home, settle, split_nodes, swap_bins, swap_home
 from balancer.polish import Candidate, lay_out, polish, positive_levels, stacked_levels
@@ -67,6 +72,9 @@ from balancer.registry import Planner, Problem
 
 # The local plan is kept while its peak and lockstep time stay within this fraction of the non-local plan's.
 LOCALITY_TOLERANCE = 1e-3
+# Where the non-local plan is made first (equal_count, few samples a bin), the local fills' search stops once their
+# peak and lockstep time are within this fraction of that plan's (a tenth of the rule's room).
+TARGET_TOLERANCE = LOCALITY_TOLERANCE / 10
 
 
 @dataclass(frozen=True)
@@ -154,12 +162,18 @@ def plan_local(problem: Problem, layout: Layout, plain: Planner) -> tuple[np.nda
     if not problem.n:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), True
     order = problem.longest_first()
-    local = _local_plan(problem, layout, order, plain)
+    reference = targets = None
+    if problem.equal_count and problem.n < FILL_ONLY_PER_BIN * problem.n_bins:  # the floors are rarely in reach
+        reference = plain(problem)
+        loads = _bin_loads(problem, *reference)
+        targets = (float(loads.max()) * (1.0 + TARGET_TOLERANCE),
+                   float(loads.max(axis=0).sum()) * (1.0 + TARGET_TOLERANCE))
+    local = _local_plan(problem, layout, order, plain, targets)
     kept = local is not None and _certified(problem, local)
     if kept:
         rank, slot = local.rank, local.slot
     else:
-        rank, slot = plain(problem)
+        rank, slot = reference if reference is not None else plain(problem)
         kept = local is not None and _within_tolerance(problem, local, _bin_loads(problem, rank, slot))
         if kept:
             rank, slot = local.rank, local.slot
@@ -182,19 +196,21 @@ class _Local:
     lockstep: float
 
 
-def _local_plan(problem: Problem, layout: Layout, order: np.ndarray, plain: Planner) -> _Local | None:
+def _local_plan(problem: Problem, layout: Layout, order: np.ndarray, plain: Planner,
+                targets: tuple[float, float] | None) -> _Local | None:
     """Steps 1-4 of the module docstring; None where no plan within the constraints was found."""
     density = order if problem.cost_model.constant == 0 else np.argsort(-problem.costs / problem.lengths,
                                                                         kind="stable")
     node = split_nodes(order, density, problem.costs, layout.home, layout.node_ranks, problem.rules)
     if problem.n * problem.n_bins <= COLUMN_FILL_WORK:
-        return _grouped_plan(problem, layout, order, node)
+        return _grouped_plan(problem, layout, order, node, targets)
     if problem.costs.max() <= problem.costs.sum() / problem.n_bins:  # flat: every level is the mean bin cost
         return _per_node_plan(problem, layout, node, plain)
     return None  # separate nodes' column levels would not line up
 
 
-def _grouped_plan(problem: Problem, layout: Layout, order: np.ndarray, node: np.ndarray) -> _Local | None:
+def _grouped_plan(problem: Problem, layout: Layout, order: np.ndarray, node: np.ndarray,
+                  targets: tuple[float, float] | None) -> _Local | None:
     """The grouped column fill over ranks numbered node by node, polished by ``balanced``'s search. Where a
     sample costs more than a mean bin, also stacked up to the peak bound (``balanced``'s stack start), the two in
     ``balanced``'s order (the unstacked one first where a rank's share fits below that bound); the first that
@@ -205,19 +221,25 @@ def _grouped_plan(problem: Problem, layout: Layout, order: np.ndarray, node: np.
     floor = max(total / problem.ranks, costliest) * (1.0 + CERTIFY_TOLERANCE)
 
     def certified(local: _Local | None) -> bool:
-        return local is not None and local.peak <= costliest and local.lockstep <= floor
+        if local is None:
+            return False
+        if targets is not None and local.peak <= targets[0] and local.lockstep <= targets[1]:
+            return True  # within TARGET_TOLERANCE of the non-local plan: the other fill could gain at most that
+        return local.peak <= costliest and local.lockstep <= floor
 
     heavy = costliest > total / problem.n_bins
     plain = None
     if heavy and total / problem.ranks <= costliest:  # a rank's share fits below the costliest sample: the fill
-        plain = _grouped_fill(problem, layout, order, node, 0.0)  # reaches both floors (``balanced``'s order)
+        plain = _grouped_fill(problem, layout, order, node, 0.0, targets)  # reaches both floors (``balanced``'s order)
         if certified(plain):
             return plain
-    stacked = _grouped_fill(problem, layout, order, node, costliest) if heavy else None
+    stacked = _grouped_fill(problem, layout, order, node, costliest, targets) if heavy else None
     if certified(stacked):
         return stacked  # certified as ``balanced`` certifies its stack start: the other fill could only tie
     if plain is None:
-        plain = _grouped_fill(problem, layout, order, node, 0.0)
+        plain = _grouped_fill(problem, layout, order, node, 0.0, targets)
+        if certified(plain):
+            return plain
     found = [local for local in (stacked, plain) if local is not None]
     if not found:
         return None
@@ -226,7 +248,8 @@ def _grouped_plan(problem: Problem, layout: Layout, order: np.ndarray, node: np.
                key=lambda local: local.lockstep)
 
 
-def _grouped_fill(problem: Problem, layout: Layout, order: np.ndarray, node: np.ndarray, peak: float) -> _Local | None:
+def _grouped_fill(problem: Problem, layout: Layout, order: np.ndarray, node: np.ndarray, peak: float,
+                  targets: tuple[float, float] | None) -> _Local | None:
     """One grouped column fill (``peak`` > 0: stacked up to it), polished and laid out; None where it found no
     plan within the constraints."""
     bins, levels = column_fill_grouped(order, problem.costs, problem.lengths, problem.ranks, problem.rules, node,
@@ -235,9 +258,9 @@ def _grouped_fill(problem: Problem, layout: Layout, order: np.ndarray, node: np.
         return None
     columns = np.arange(problem.n_bins, dtype=np.int64) % problem.microbatches
     if peak > 0.0:
-        polish(problem, bins, columns, stacked_levels(problem, bins, levels, peak), peak)
+        polish(problem, bins, columns, stacked_levels(problem, bins, levels, peak), peak, targets)
     else:
-        polish(problem, bins, columns, positive_levels(levels), float(problem.costs.max()))
+        polish(problem, bins, columns, positive_levels(levels), float(problem.costs.max()), targets)
     cand = Candidate(bins, flat=False, index=0)
     lay_out(problem, cand)
     return _Local(layout.by_node[cand.rank_of_bin[bins]], cand.slot_of_bin[bins], cand.peak, cand.lockstep)

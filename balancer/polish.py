@@ -65,19 +65,34 @@ class Candidate:
     rank_max: float = 0.0  # the costliest rank total (what a step with one collective waits for)
 
 
-def polish(problem: Problem, bins: np.ndarray, columns: np.ndarray, levels: np.ndarray, exact: float) -> np.ndarray:
+def polish(problem: Problem, bins: np.ndarray, columns: np.ndarray, levels: np.ndarray, exact: float,
+           targets: tuple[float, float] | None = None) -> np.ndarray:
     """``bins`` (int64 (N,)) brought towards each bin's level ``levels[columns]`` in place: refine, exchange
     and, for one flat level, tighten. Thresholds are the levels (1 + ``REFINE_TOLERANCE``), never above
-    ``exact`` where the level is at most it (``exact``: a cost every plan's peak reaches, reachable exactly)."""
+    ``exact`` where the level is at most it (``exact``: a cost every plan's peak reaches, reachable exactly).
+    ``targets`` = (peak, time): the search stops as soon as the costliest bin is at most ``peak`` and the sum
+    over slots of each slot's costliest bin at most ``time`` (after the layout, each rank's microbatches heaviest
+    first, the lockstep time is at most that sum); a plan that good is all the caller needs."""
     rules = problem.rules
     threshold = bin_thresholds(levels[columns], REFINE_TOLERANCE, exact)
     work = REFINE_WORK_PER_SAMPLE * max(problem.n, problem.n_bins)
-    refine(bins, problem.costs, problem.lengths, threshold, rules, REFINE_STEPS_PER_BIN * problem.n_bins, work)
+    peak, time = targets if targets is not None else (np.inf, np.inf)
+    refine(bins, problem.costs, problem.lengths, threshold, rules, REFINE_STEPS_PER_BIN * problem.n_bins, work,
+           peak, time)
+    if targets is not None and _meets(problem, bins, peak, time):
+        return bins
     exchange(bins, problem.costs, problem.lengths, threshold, rules, work)
     if levels.shape[0] == 1:
         tighten(bins, problem.costs, problem.lengths, problem.n_bins, rules, float(levels[0]),
                 TIGHTEN_STEPS_PER_BIN * problem.n_bins, SCANNED_FALLBACKS)
     return bins
+
+
+def _meets(problem: Problem, bins: np.ndarray, peak: float, time: float) -> bool:
+    """The costliest bin of ``bins`` at most ``peak`` and the sum over slots of each slot's costliest bin at most
+    ``time``."""
+    slots = np.bincount(bins, weights=problem.costs, minlength=problem.n_bins).reshape(-1, problem.microbatches)
+    return bool(slots.max() <= peak and slots.max(axis=0).sum() <= time)
 
 
 def level_slot(problem: Problem, bins: np.ndarray, slot: int) -> np.ndarray:

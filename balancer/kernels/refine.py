@@ -8,8 +8,9 @@ pair's maximum excess the most; first strictly-best wins, scanning x by (cost, i
 swaps of the same x, swaps by ascending (cost, index) of y. The first partner that admits an improvement
 is taken; a bin no partner can help is set aside until the next accepted step. Stops when no bin over
 its threshold is left, or after ``max_iters`` accepted steps (the kernel also stops when its work budget
-is spent). Excess = load - threshold, in cost units (what a lockstep step waits for); thresholds come
-from ``bin_thresholds`` (``exchange`` uses the same).
+is spent, or once the plan meets the targets it was given: peak and the sum of the bins' column maxima).
+Excess = load - threshold, in cost units (what a lockstep step waits for); thresholds come from
+``bin_thresholds`` (``exchange`` uses the same).
 """
 
 from __future__ import annotations
@@ -146,16 +147,19 @@ def _worst(excess, stuck):
 
 
 @njit(cache=True, nogil=True)
-def refine(bins, costs, lengths, threshold, rules, max_iters, max_work):
+def refine(bins, costs, lengths, threshold, rules, max_iters, max_work, stop_peak, stop_time):
     """Lowers the max excess (load - ``threshold``, float64 (n_bins,)) over bins by moves and swaps under
     ``rules``; ``bins`` in place.
 
     Returns the number of accepted steps. A bin that no lighter bin can help is set aside until a step
     changes one of them (the same plan as re-examining every set-aside bin after each step, without the
-    quadratic cost); stops when no bin over its threshold is left, after ``max_iters`` accepted steps, or
+    quadratic cost); stops when no bin over its threshold is left, after ``max_iters`` accepted steps,
     once ``max_work`` is spent (a bin scan costs the number of bins, a pair's examination the sizes of both
-    bins): the plan then is the one the unbudgeted search reaches after the same number of steps. Every
-    step lowers the pair's maximum excess, so the sorted excesses fall and the search ends.
+    bins), or once the costliest bin is at most ``stop_peak`` and the sum over slots (``b % microbatches``)
+    of each slot's costliest bin at most ``stop_time`` (targets: a plan that good is all the caller needs;
+    both ``np.inf``: no targets): the plan then is the one the unbudgeted search reaches after the same
+    number of steps. Every step lowers the pair's maximum excess, so the sorted excesses fall and the
+    search ends.
     """
     n_bins = threshold.shape[0]
     microbatches, quotas = rules.microbatches, rules.quotas
@@ -167,6 +171,13 @@ def refine(bins, costs, lengths, threshold, rules, max_iters, max_work):
     excess = loads - threshold  # (n_bins,), kept current
     if np.max(excess) <= 0.0:
         return 0  # already balanced: skip sorting the members
+    targeted = stop_peak < np.inf or stop_time < np.inf
+    slot_max = np.zeros(microbatches)  # (M,) each slot's costliest bin, kept current where there are targets
+    if targeted:
+        for b in range(n_bins):
+            slot_max[b % microbatches] = max(slot_max[b % microbatches], loads[b])
+        if slot_max.max() <= stop_peak and slot_max.sum() <= stop_time:
+            return 0
     search = _Search(costs, lengths, loads, tokens, excess, threshold, rank_counts,
                      sorted_members(bins, costs, n_bins))
     stuck = np.zeros(n_bins, dtype=np.bool_)  # over threshold, but no move or swap helps it now
@@ -218,6 +229,11 @@ def refine(bins, costs, lengths, threshold, rules, max_iters, max_work):
             rank_counts[rb] -= 1
             rank_counts[rt] += 1
         steps += 1
+        if targeted:
+            for j in (b % microbatches, t % microbatches):
+                slot_max[j] = loads[j::microbatches].max()
+            if slot_max.max() <= stop_peak and slot_max.sum() <= stop_time:
+                break
         if stuck[t]:
             stuck[t] = False
             n_stuck -= 1

@@ -138,7 +138,7 @@ def _column_start(lengths, costs, ranks, rules, seed, stacked, lower_bound, budg
         levels[j] = max(levels[j], least)
     threshold = bin_thresholds(levels[np.arange(n_bins) % microbatches], tolerance, lower_bound)
     work = budgets[1] * max(n, n_bins)
-    refine(bins, costs, lengths, threshold, rules, budgets[0] * n_bins, work)
+    refine(bins, costs, lengths, threshold, rules, budgets[0] * n_bins, work, np.inf, np.inf)
     exchange(bins, costs, lengths, threshold, rules, work)
     if microbatches == 1:
         tighten(bins, costs, lengths, n_bins, rules, levels[0], budgets[2] * n_bins, np.int64(SCANNED_FALLBACKS))
@@ -192,7 +192,7 @@ def _polished_flat(bins, lengths, costs, ranks, rules, threshold, level, budgets
     microbatches = rules.microbatches
     n, n_bins = lengths.shape[0], ranks * microbatches
     work = budgets[1] * max(n, n_bins)
-    refine(bins, costs, lengths, threshold, rules, budgets[0] * n_bins, work)
+    refine(bins, costs, lengths, threshold, rules, budgets[0] * n_bins, work, np.inf, np.inf)
     exchange(bins, costs, lengths, threshold, rules, work)
     tighten(bins, costs, lengths, n_bins, rules, level, budgets[2] * n_bins, np.int64(SCANNED_FALLBACKS))
     loads = _loads(bins, costs, n_bins)

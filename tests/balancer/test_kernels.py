@@ -148,7 +148,7 @@ def test_refine_matches_reference_and_never_worsens(data):
     # a work budget stops the kernel early, on the path of the unbudgeted search
     max_work = data.draw(st.sampled_from([1 << 62, 0, 50, 500]))
     threshold = R.bin_thresholds(levels[column_of_bin], tolerance, float(costs.max()))
-    steps = R.refine(fast, costs, lengths, threshold, rules, 10_000, max_work)
+    steps = R.refine(fast, costs, lengths, threshold, rules, 10_000, max_work, np.inf, np.inf)
     max_iters = 10_000 if max_work == 1 << 62 else steps
     assert steps == R.refine_ref(slow, costs, lengths, threshold, rules, max_iters)
     np.testing.assert_array_equal(fast, slow)
@@ -171,6 +171,44 @@ def test_refine_matches_reference_and_never_worsens(data):
         assert per_rank.max() - per_rank.min() <= 1
 
 
+@pytest.mark.parametrize("seed", range(12))
+def test_refine_stops_at_the_first_step_that_meets_its_targets(seed):
+    """With targets (peak, sum over slots of each slot's costliest bin), refine stops after the first step that
+    meets both: the plan is the untargeted search's after as many steps (the same path). Targets are what that path
+    reached at two steps of its own (the peak at one, the time at another; or out of its reach)."""
+    rng = np.random.default_rng(seed)
+    ranks, microbatches, n = int(rng.integers(2, 8)), int(rng.integers(2, 5)), int(rng.integers(20, 120))
+    lengths = rng.integers(1, 200, n).astype(np.int64)
+    costs = lengths.astype(np.float64) ** 2
+    order = O.order_by_length_desc(lengths, 0)
+    column_of_bin = np.arange(ranks * microbatches, dtype=np.int64) % microbatches
+    levels = column_levels(costs[order], ranks, microbatches)
+    rules = Rules(microbatches, 0, bool(seed % 2), n // ranks, n % ranks)
+    start = A.lpt_assign(order, costs, lengths, column_of_bin, levels, rules)
+    threshold = R.bin_thresholds(levels[column_of_bin], 0.0, float(costs.max()))
+
+    def run(bins, max_iters, peak=np.inf, time=np.inf):
+        return R.refine(bins, costs, lengths, threshold, rules, max_iters, 1 << 62, peak, time)
+
+    path = []  # (peak, time) after each step of the untargeted search
+    for k in range(run(start.copy(), 10_000) + 1):
+        bins = start.copy()
+        run(bins, k)
+        slots = np.bincount(bins, weights=costs, minlength=ranks * microbatches).reshape(ranks, microbatches)
+        path.append((slots.max(), slots.max(axis=0).sum()))
+    reach = [k for k in range(len(path))] + [-1]  # -1: half the path's end, out of reach
+    for a in reach:
+        for b in reach:
+            peak = path[a][0] if a >= 0 else path[-1][0] / 2
+            time = path[b][1] if b >= 0 else path[-1][1] / 2
+            targeted = start.copy()
+            steps = run(targeted, 10_000, peak, time)
+            assert steps == next((k for k, (p, t) in enumerate(path) if p <= peak and t <= time), len(path) - 1)
+            untargeted = start.copy()
+            run(untargeted, steps)
+            np.testing.assert_array_equal(targeted, untargeted)
+
+
 def test_lpt_assign_reports_unplaceable_item():
     lengths = np.array([5, 5, 5], dtype=np.int64)
     costs = lengths.astype(np.float64)
@@ -190,7 +228,7 @@ def test_exchange_matches_reference_and_only_lowers_bins_over_threshold(data):
     exact = float(costs.max())
     threshold = R.bin_thresholds(levels[column_of_bin], tolerance, exact)
     if data.draw(st.booleans()):  # usually after refine, as balanced calls it
-        R.refine(start, costs, lengths, threshold, rules, 10_000, 1 << 62)
+        R.refine(start, costs, lengths, threshold, rules, 10_000, 1 << 62, np.inf, np.inf)
     fast, slow = start.copy(), start.copy()
     args = (costs, lengths, threshold, rules)
     done = X.exchange(fast, *args, 1 << 62)
