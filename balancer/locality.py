@@ -215,8 +215,9 @@ def _grouped_plan(problem: Problem, layout: Layout, order: np.ndarray, node: np.
     sample costs more than a mean bin, also stacked up to the peak bound (``balanced``'s stack start), the two in
     ``balanced``'s order (the unstacked one first where a rank's share fits below that bound); the first that
     meets ``balanced``'s certificate (peak at the bound, lockstep time within CERTIFY_TOLERANCE of its floor) is
-    kept without the other; else the better of the two: the lower peak (within CHOICE_TOLERANCE), then the lower
-    lockstep time, the time the quality rule compares."""
+    kept without the other, as is, with ``targets`` (the non-local plan's peak and lockstep time, widened by
+    TARGET_TOLERANCE), the first within them (their search stopped there); else the better of the two: the lower
+    peak (within CHOICE_TOLERANCE), then the lower lockstep time, the time the quality rule compares."""
     total, costliest = float(problem.costs.sum()), float(problem.costs.max())
     floor = max(total / problem.ranks, costliest) * (1.0 + CERTIFY_TOLERANCE)
 
