@@ -162,19 +162,18 @@ def plan_local(problem: Problem, layout: Layout, plain: Planner) -> tuple[np.nda
     if not problem.n:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), True
     order = problem.longest_first()
-    reference = targets = None
+    reference = scores = targets = None  # the non-local plan, its (peak, lockstep time), the local fills' stop
     if problem.equal_count and problem.n < FILL_ONLY_PER_BIN * problem.n_bins:  # the floors are rarely in reach
         reference = plain(problem)
-        loads = _bin_loads(problem, *reference)
-        targets = (float(loads.max()) * (1.0 + TARGET_TOLERANCE),
-                   float(loads.max(axis=0).sum()) * (1.0 + TARGET_TOLERANCE))
+        scores = _scores(problem, *reference)
+        targets = tuple(score * (1.0 + TARGET_TOLERANCE) for score in scores)
     local = _local_plan(problem, layout, order, plain, targets)
     kept = local is not None and _certified(problem, local)
     if kept:
         rank, slot = local.rank, local.slot
     else:
         rank, slot = reference if reference is not None else plain(problem)
-        kept = local is not None and _within_tolerance(problem, local, _bin_loads(problem, rank, slot))
+        kept = local is not None and _within_tolerance(local, scores or _scores(problem, rank, slot))
         if kept:
             rank, slot = local.rank, local.slot
         else:
@@ -286,14 +285,14 @@ def _per_node_plan(problem: Problem, layout: Layout, node: np.ndarray, plain: Pl
         except ValueError:  # this node's samples do not pack under the cap: the non-local plan may
             return None
         rank[mine], slot[mine] = ranks_of_k[sub_rank], sub_slot
-    loads = _bin_loads(problem, rank, slot)
-    return _Local(rank, slot, float(loads.max()), float(loads.max(axis=0).sum()))
+    return _Local(rank, slot, *_scores(problem, rank, slot))
 
 
-def _bin_loads(problem: Problem, rank: np.ndarray, slot: np.ndarray) -> np.ndarray:
-    """Cost of every bin, float64 (R, M)."""
+def _scores(problem: Problem, rank: np.ndarray, slot: np.ndarray) -> tuple[float, float]:
+    """The peak bin cost and the lockstep time (``sum_j max_r C[r, j]``) of the plan ``rank``/``slot``."""
     M = problem.microbatches
-    return np.bincount(rank * M + slot, weights=problem.costs, minlength=problem.n_bins).reshape(-1, M)
+    loads = np.bincount(rank * M + slot, weights=problem.costs, minlength=problem.n_bins).reshape(-1, M)
+    return float(loads.max()), float(loads.max(axis=0).sum())
 
 
 def _certified(problem: Problem, local: _Local) -> bool:
@@ -303,7 +302,7 @@ def _certified(problem: Problem, local: _Local) -> bool:
             and local.lockstep <= max(total / problem.ranks, costliest) * (1.0 + LOCALITY_TOLERANCE))
 
 
-def _within_tolerance(problem: Problem, local: _Local, loads: np.ndarray) -> bool:
-    """``local``'s peak and lockstep time within LOCALITY_TOLERANCE of those of the plan with bin ``loads``."""
-    return (local.peak <= float(loads.max()) * (1.0 + LOCALITY_TOLERANCE)
-            and local.lockstep <= float(loads.max(axis=0).sum()) * (1.0 + LOCALITY_TOLERANCE))
+def _within_tolerance(local: _Local, scores: tuple[float, float]) -> bool:
+    """``local``'s peak and lockstep time within LOCALITY_TOLERANCE of ``scores``, another plan's (:func:`_scores`)."""
+    peak, lockstep = scores
+    return local.peak <= peak * (1.0 + LOCALITY_TOLERANCE) and local.lockstep <= lockstep * (1.0 + LOCALITY_TOLERANCE)
