@@ -63,6 +63,7 @@ from loader.stages.assemble import RankMessage
 from loader.config import LoaderConfig
 from loader.errors import CoordinatorLost, NodeLost, ReadersLost
 from loader.backends.telemetry import PUBLISH_S, Publisher, loader_tag
+from loader.stages.rows import flatten
 from loader.stages.pipeline import Resume, warm_up
 from loader.control.production import MESSAGE_BYTES, REMOTE_MESSAGE_BYTES
 from loader.control.protocol import End, Fetched, Health, Lost, Opened, Packed, Reply, Step, Wait, Where
@@ -674,7 +675,9 @@ class RayStream(Stream):
             try:
                 # a copy: the control plane keeps the message it handed out, with its handles
                 rows = ray.get([held.ref for held in message.sources], timeout=self.liveness)
-                return dataclasses.replace(message, sources=rows), sum(r.nbytes for r in rows)
+                sources, source, row = flatten(rows, message.source, message.row)  # parts put as decoded, sliced
+                return (dataclasses.replace(message, sources=sources, source=source, row=row),
+                        sum(r.nbytes for r in rows))
             except GetTimeoutError:  # the rows of other nodes did not come (this node's are in place)
                 here = self.client.where.node
                 nodes = sorted({held.node for held in message.sources if held.node != here}) or [here]

@@ -85,7 +85,8 @@ class Reader:
         with self.decoding:
             if fetched is None:  # a local file: its bytes come at page-cache speed, fetched bytes would only wait
                 fetched = fetch_unit(unit, 0, skip_corrupt=skip_corrupt)
-            chunk = decode_unit(unit, fetched, max_seq_len=max_seq_len, skip_corrupt=skip_corrupt)
+            chunk = decode_unit(unit, fetched, max_seq_len=max_seq_len, skip_corrupt=skip_corrupt,
+                                sliced=True)  # a part's slices go into the object store as they are: one copy
             del fetched
             record_read(loader, ray.get_runtime_context().get_node_id(), len(chunk.status), chunk.rows.nbytes)
             return chunk.meta(), ray.put(chunk.rows), os.getpid()

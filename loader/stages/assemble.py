@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from loader.stages.rows import Rows, gather
+from loader.stages.rows import Rows, Sliced, flatten, gather
 
 if TYPE_CHECKING:  # readers import this module: keep the planner out of their imports
     from loader.stages.pipeline import PlannedStep
@@ -165,10 +165,10 @@ def _unique_inverse(keys: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray
     return np.flatnonzero(present), place[keys]
 
 
-def pack(held: dict[int, Rows], unit: np.ndarray, row: np.ndarray, dtypes: dict[str, np.dtype]) -> Rows:
+def pack(held: dict[int, Rows | Sliced], unit: np.ndarray, row: np.ndarray, dtypes: dict[str, np.dtype]) -> Rows:
     """Rows (unit, row) (n,) of the units ``held`` here, gathered into one new :class:`Rows`."""
     used, source = np.unique(unit, return_inverse=True)
-    return gather([held[u] for u in used.tolist()], source.astype(np.int64), row, dtypes)
+    return gather(*flatten([held[u] for u in used.tolist()], source.astype(np.int64), row), dtypes)
 
 
 def rank_messages(

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from loader.stages.kernels import copy_ranges
-from loader.stages.rows import Rows
+from loader.stages.rows import Rows, Sliced
 
 VALID = 0
 # status code -> reason; code 0 is a valid row
@@ -43,10 +43,11 @@ class ListColumn:
 
 @dataclass
 class Chunk:
-    """A cleaned row group: ``status`` int8 (rows,) per row in file order, ``rows`` the valid ones."""
+    """A cleaned row group: ``status`` int8 (rows,) per row in file order, ``rows`` the valid ones (a part decoded
+    slice by slice: :class:`Sliced`)."""
 
     status: np.ndarray
-    rows: Rows
+    rows: Rows | Sliced
 
     def meta(self) -> UnitMeta:
         """What the control plane needs of this row group: statuses and lengths, no events. Lengths

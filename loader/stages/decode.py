@@ -31,6 +31,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from loader.stages.clean import Chunk, ListColumn, clean, corrupt
+from loader.stages.rows import Sliced
 from loader.contract.sources import DataFile, SourceIndex, Unit, carried_chunks
 from loader.stages.passes import PASSES
 
@@ -178,13 +179,16 @@ SHARED_FETCHES = _SharedFetches()
 
 
 def decode_unit(index: SourceIndex, fetched: RowGroupBytes, *, max_seq_len: int | None,
-                skip_corrupt: bool) -> Chunk:
+                skip_corrupt: bool, sliced: bool = False) -> Chunk:
     """Decode, validate and truncate the row group (or part) ``fetched`` holds.
 
     A whole row group (up to ``PART_BYTES``) is decoded on the calling thread (``use_threads=False``): readers
     run side by side, one row group each, and pyarrow's own thread pool on top of them only adds switching
     (about 10% more CPU). A part is taken from the pass over its row group (:func:`_decode_part`), on pyarrow's
     threads: the parts of a row group are decoded one after another, so one part's decode uses the cores.
+    With ``sliced`` (a reader actor, which puts the rows into the object store at once) a part's rows stay the
+    slices pyarrow decoded, as a :class:`loader.stages.rows.Sliced`: the one copy they get is the put, not a copy
+    into arrays of the whole part first.
     A row group that does not decode raises ValueError naming the file and row group, or with
     ``skip_corrupt`` comes back with every row marked corrupt (counted, never delivered).
     """
@@ -195,7 +199,7 @@ def decode_unit(index: SourceIndex, fetched: RowGroupBytes, *, max_seq_len: int 
     file = index.files[u.file]
     try:
         if fetched.streamed:
-            decoded = _decode_part(index, fetched, file)
+            decoded = _decode_part(index, fetched, file, sliced)
         else:
             parquet = pq.ParquetFile(pa.PythonFile(_RangeFile(fetched.data, fetched.start, fetched.size), mode="r"),
                                      metadata=fetched.metadata)
@@ -206,13 +210,17 @@ def decode_unit(index: SourceIndex, fetched: RowGroupBytes, *, max_seq_len: int 
         if skip_corrupt:
             return corrupt(u.rows)
         raise _undecodable(index, unit, exc) from exc
-    user_ids, user_null, lists = decoded
-    if len(user_ids) != u.rows:
+    slices = decoded if isinstance(decoded, list) else [decoded]
+    rows = sum(len(user_ids) for user_ids, _, _ in slices)
+    if rows != u.rows:
         raise ValueError(
-            f"{index.describe(unit)}: holds {len(user_ids)} rows, but its footer said {u.rows} when "
+            f"{index.describe(unit)}: holds {rows} rows, but its footer said {u.rows} when "
             "the loader was built; the file changed: construct the loader again"
         )
-    return clean(user_ids, user_null, lists, items=index.columns.items, max_seq_len=max_seq_len)
+    chunks = [clean(*d, items=index.columns.items, max_seq_len=max_seq_len) for d in slices]
+    if not isinstance(decoded, list):
+        return chunks[0]
+    return Chunk(status=np.concatenate([c.status for c in chunks]), rows=Sliced([c.rows for c in chunks]))
 
 
 Decoded = tuple[np.ndarray, "np.ndarray | None", dict[str, ListColumn]]  # user ids, their null mask, list columns
@@ -234,12 +242,12 @@ def _whole(column: pa.ChunkedArray | pa.Array) -> pa.Array:
     return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
 
 
-def _decode_part(index: SourceIndex, fetched: RowGroupBytes, file: DataFile) -> Decoded:
+def _decode_part(index: SourceIndex, fetched: RowGroupBytes, file: DataFile, sliced: bool) -> Decoded | list[Decoded]:
     """Part ``fetched.unit`` of a row group, taken from this process's pass over it (:mod:`loader.stages.passes`;
     a new one from the row group's start where none can reach the part: over the fetched bytes where the part
     brought the row group's, else over the file), ``SLICE_BYTES`` at a time into arrays sized once from the
     footer (rows; the row group's leaf values, which bound a part's events; what the part leaves untouched is
-    never resident)."""
+    never resident); with ``sliced``, the slices themselves (zero-copy views of pyarrow's buffers)."""
     unit, metadata = fetched.unit, fetched.metadata
     u = index.units[unit]
     group = metadata.row_group(u.row_group)
@@ -256,22 +264,30 @@ def _decode_part(index: SourceIndex, fetched: RowGroupBytes, file: DataFile) -> 
             batch_rows = max(1, u.rows * SLICE_BYTES // max(u.nbytes, 1))
             run.open(parquet.iter_batches(batch_size=batch_rows, row_groups=[u.row_group], columns=names,
                                           use_threads=True), source.close)
-        leaves = {chunk.path_in_schema.split(".", 1)[0]: chunk.num_values
-                  for chunk in carried_chunks(group, {column for column, _ in index.lists})}
-        out = _Filling(u.rows, {column: (leaves.get(column, 0), np.dtype(t.to_pandas_dtype()))
-                                for column, t in index.lists})
+        out = None if sliced else _filling(index, group, u.rows)
+        taken: list[Decoded] = []
         try:
             for _ in run.take(u.start - run.row):  # the rows of earlier parts, where this pass did not take them
                 pass
             for batch in run.take(u.rows):
-                out.add(*_columns(index, batch))
+                if out is None:
+                    taken.append(_columns(index, batch))
+                else:
+                    out.add(*_columns(index, batch))
         except ValueError as exc:
             raise ValueError(f"{index.describe(unit)}: its row group {exc}; the file changed: construct the "
                              "loader again") from None
         done = run.row >= group.num_rows
-        return out.result()
+        return taken if out is None else out.result()
     finally:
         PASSES.release(key, run, done=done)
+
+
+def _filling(index: SourceIndex, group: pq.RowGroupMetaData, rows: int) -> _Filling:
+    """Arrays for a part of ``rows`` rows of row group ``group``, a list column's values sized from its leaf count."""
+    leaves = {chunk.path_in_schema.split(".", 1)[0]: chunk.num_values
+              for chunk in carried_chunks(group, {column for column, _ in index.lists})}
+    return _Filling(rows, {column: (leaves.get(column, 0), np.dtype(t.to_pandas_dtype())) for column, t in index.lists})
 
 
 class _Filling:

@@ -59,11 +59,61 @@ class Rows:
         )
 
 
-def keep_rows(rows: Rows, kept: np.ndarray, dtypes: dict[str, np.dtype]) -> Rows:
+@dataclass
+class Sliced:
+    """One unit's rows as consecutive :class:`Rows` (``parts[k]`` its rows ``starts[k] .. starts[k + 1] - 1``): a
+    part of a row group as its slices were decoded (:func:`loader.stages.decode.decode_unit` with ``sliced``), so
+    that a reader actor puts them into the object store as they are, without first copying them into one array
+    per column. Whoever gathers from it names its rows through :func:`flatten`."""
+
+    parts: list[Rows]
+
+    def __len__(self) -> int:
+        return sum(len(p) for p in self.parts)
+
+    @property
+    def starts(self) -> np.ndarray:
+        """First row of each part, then the row count, int64 (k + 1,)."""
+        return np.concatenate([[0], np.cumsum([len(p) for p in self.parts])]).astype(np.int64)
+
+    @property
+    def user_ids(self) -> np.ndarray:
+        return np.concatenate([p.user_ids for p in self.parts])
+
+    @property
+    def cut(self) -> np.ndarray:
+        return np.concatenate([p.cut for p in self.parts])
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.concatenate([p.lengths for p in self.parts])
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+
+def flatten(sources: list[Rows | Sliced], source: np.ndarray, row: np.ndarray) -> tuple[list[Rows], np.ndarray,
+                                                                                      np.ndarray]:
+    """(``sources`` with every :class:`Sliced` one replaced by its parts, and ``source`` and ``row`` (int64 (n,))
+    naming the same rows among them); unchanged where none is sliced."""
+    if not any(isinstance(s, Sliced) for s in sources):
+        return sources, source, row
+    flat = [part for s in sources for part in (s.parts if isinstance(s, Sliced) else [s])]
+    sizes = np.array([len(s) for s in sources], dtype=np.int64)
+    offset = np.cumsum(sizes) - sizes  # (S,) each source's first row, the sources laid end to end
+    firsts = np.concatenate([offset[i] + (s.starts[:-1] if isinstance(s, Sliced) else np.zeros(1, dtype=np.int64))
+                             for i, s in enumerate(sources)])  # (len(flat),) nondecreasing
+    at = offset[source] + row  # (n,) each row's place end to end
+    part = np.searchsorted(firsts, at, side="right") - 1  # the last part starting at or before it: never an empty one
+    return flat, part.astype(np.int64), (at - firsts[part]).astype(np.int64)
+
+
+def keep_rows(rows: Rows | Sliced, kept: np.ndarray, dtypes: dict[str, np.dtype]) -> Rows:
     """A copy of ``rows`` holding the events of rows ``kept`` (int64 (k,), ascending) only: every other row keeps
     its place with no events, so a row's index still names it (what a holder keeps of a unit whose other rows no
     later step reads)."""
-    packed = gather([rows], np.zeros(len(kept), dtype=np.int64), kept, dtypes)
+    packed = gather(*flatten([rows], np.zeros(len(kept), dtype=np.int64), kept), dtypes)
     lengths = np.zeros(len(rows), dtype=np.int64)
     lengths[kept] = packed.lengths
     offsets = np.zeros(len(rows) + 1, dtype=np.int64)

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from loader.contract import sources
 from loader.contract.sources import index_source
 from loader.stages import decode
-from loader.stages.clean import CORRUPT, VALID, ListColumn
+from loader.stages.clean import CORRUPT, VALID, Chunk, ListColumn
+from loader.stages.rows import Sliced, flatten, gather
 
 from .helpers import corrupt_row_group, synth
 
@@ -48,17 +49,25 @@ def _index(path, monkeypatch, part_bytes=None):
     return index_source(path)
 
 
-def _read(index, unit, max_seq_len=None):
-    return decode.read_unit(index, unit, max_seq_len=max_seq_len, skip_corrupt=False)
+def _read(index, unit, max_seq_len=None, sliced=False):
+    """Unit ``unit`` decoded; ``sliced``: as a reader actor decodes it (a part's slices as they are), its rows then
+    gathered into one :class:`Rows` to compare."""
+    fetched = decode.fetch_unit(index, unit, skip_corrupt=False)
+    chunk = decode.decode_unit(index, fetched, max_seq_len=max_seq_len, skip_corrupt=False, sliced=sliced)
+    if isinstance(chunk.rows, Sliced):
+        every = np.arange(len(chunk.rows), dtype=np.int64)
+        dtypes = {name: t.to_pandas_dtype() for name, t in index.lists}
+        chunk = Chunk(chunk.status, gather(*flatten([chunk.rows], np.zeros_like(every), every), dtypes))
+    return chunk
 
 
 @given(rows=st.lists(row, min_size=1, max_size=40), group_rows=st.integers(1, 17), part_share=st.floats(0, 1),
        slice_share=st.floats(0, 1), order=st.sampled_from(["forward", "backward", "shuffled"]),
        item_type=st.sampled_from([pa.list_(pa.int64()), pa.list_(pa.int32()), pa.large_list(pa.int64())]),
-       max_seq_len=st.none() | st.integers(1, 4))
+       max_seq_len=st.none() | st.integers(1, 4), sliced=st.booleans())
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_parts_equal_whole(tmp_path, monkeypatch, rows, group_rows, part_share, slice_share, order, item_type,
-                           max_seq_len):
+                           max_seq_len, sliced):
     path = _write(tmp_path, rows, item_type, group_rows)
     whole_index = _index(path, monkeypatch)
     largest = max(u.nbytes for u in whole_index.units)
@@ -70,7 +79,7 @@ def test_parts_equal_whole(tmp_path, monkeypatch, rows, group_rows, part_share, 
         units.reverse()
     elif order == "shuffled":
         random.Random(len(rows)).shuffle(units)
-    got = {unit: _read(index, unit, max_seq_len) for unit in units}
+    got = {unit: _read(index, unit, max_seq_len, sliced) for unit in units}
     assert [(u.file, u.row_group) for u in index.units] == sorted((u.file, u.row_group) for u in index.units)
     for g, w in enumerate(whole_index.units):
         whole = _read(whole_index, g, max_seq_len)
@@ -84,6 +93,29 @@ def test_parts_equal_whole(tmp_path, monkeypatch, rows, group_rows, part_share, 
             first = int(np.count_nonzero(whole.status[: u.start] == VALID))
             expected = whole.rows.slice(first, first + int(np.count_nonzero(status == VALID)))
             _same(status, expected, got[i])
+
+
+@pytest.mark.parametrize("max_seq_len", [None, 7])
+def test_a_part_decoded_sliced_holds_the_rows_the_part_filled_whole_does(tmp_path, monkeypatch, max_seq_len):
+    """What a reader actor puts for a part (its slices as decoded, ``sliced``) names the same rows in the same order
+    as the part filled into one array per column, through :func:`flatten`; valid rows in every slice (the
+    property test above draws mostly invalid ones), truncated or not."""
+    path = synth(tmp_path, users=300, max_len=60, files=1, rows_per_group=300)
+    largest = max(u.nbytes for u in _index(path, monkeypatch).units)
+    index = _index(path, monkeypatch, largest // 3)
+    monkeypatch.setattr(decode, "SLICE_BYTES", largest // 30)
+    dtypes = {name: t.to_pandas_dtype() for name, t in index.lists}
+    assert len(index.units) == 3
+    for unit in range(len(index.units)):
+        filled = _read(index, unit, max_seq_len)
+        fetched = decode.fetch_unit(index, unit, skip_corrupt=False)
+        chunk = decode.decode_unit(index, fetched, max_seq_len=max_seq_len, skip_corrupt=False, sliced=True)
+        assert isinstance(chunk.rows, Sliced) and sum(len(p) > 0 for p in chunk.rows.parts) >= 5
+        assert chunk.status.tolist() == filled.status.tolist() and len(chunk.rows) == len(filled.rows) > 0
+        assert chunk.rows.lengths.tolist() == filled.rows.lengths.tolist()
+        every = np.arange(len(chunk.rows), dtype=np.int64)
+        _same(filled.status, filled.rows, Chunk(chunk.status, gather(*flatten([chunk.rows], 0 * every, every),
+                                                                     dtypes)))
 
 
 def _same(status, rows, chunk):

@@ -5,7 +5,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loader.stages.kernels import copy_ranges, copy_ranges_ref
-from loader.stages.rows import Rows, gather, gather_ref, keep_rows
+from loader.stages.assemble import pack
+from loader.stages.rows import Rows, Sliced, flatten, gather, gather_ref, keep_rows
 
 
 @given(st.lists(st.tuples(st.integers(0, 150), st.integers(0, 100)), max_size=40),
@@ -81,6 +82,42 @@ def test_slice_rebases_offsets():
     part = rows.slice(1, 3)
     assert part.offsets.tolist() == [0, 1, 4] and part.events["item_ids"].tolist() == [3, 4, 5, 6]
     assert part.user_ids.tolist() == [1, 2]
+
+
+def _sliced(rows: Rows, cuts: list[int]) -> Sliced:
+    """``rows`` as consecutive slices ending at ``cuts`` (any rows; a repeated one makes an empty slice)."""
+    bounds = [0, *sorted(min(c, len(rows)) for c in cuts), len(rows)]
+    return Sliced([rows.slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])])
+
+
+@given(st.data())
+@settings(max_examples=80, deadline=None)
+def test_flatten_names_the_same_rows_among_the_slices(data):
+    """Sources some of which come sliced (empty slices, empty sources among them): a gather through
+    ``flatten`` equals the gather from the whole sources, and ``pack`` and ``keep_rows`` read them alike."""
+    history = st.lists(st.integers(0, 99), max_size=6)
+    wholes = [_rows(data.draw(st.lists(history, max_size=6)), 100 * k) for k in range(data.draw(st.integers(1, 4)))]
+    sources = [_sliced(w, data.draw(st.lists(st.integers(0, 6), max_size=4))) if data.draw(st.booleans()) else w
+               for w in wholes]
+    picks = [(s, r) for s, r in data.draw(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 5)), max_size=15))
+             if s < len(wholes) and r < len(wholes[s])]
+    source = np.array([s for s, _ in picks], dtype=np.int64)
+    row = np.array([r for _, r in picks], dtype=np.int64)
+    dtypes = {"item_ids": np.dtype(np.int64)}
+    want = gather(wholes, source, row, dtypes)
+    flat, flat_source, flat_row = flatten(sources, source, row)
+    assert len(flat) == sum(len(s.parts) if isinstance(s, Sliced) else 1 for s in sources)
+    for got in (gather(flat, flat_source, flat_row, dtypes), pack(dict(enumerate(sources)), source, row, dtypes)):
+        for name in ("user_ids", "offsets", "cut"):
+            assert getattr(got, name).tolist() == getattr(want, name).tolist()
+        assert got.events["item_ids"].tolist() == want.events["item_ids"].tolist()
+    for whole, maybe_sliced in zip(wholes, sources):
+        assert len(maybe_sliced) == len(whole) and maybe_sliced.lengths.tolist() == whole.lengths.tolist()
+        kept = np.array(sorted(data.draw(st.sets(st.integers(0, max(0, len(whole) - 1))))), dtype=np.int64)
+        kept = kept[kept < len(whole)]
+        a, b = keep_rows(maybe_sliced, kept, dtypes), keep_rows(whole, kept, dtypes)
+        assert a.offsets.tolist() == b.offsets.tolist() and a.events["item_ids"].tolist() == b.events["item_ids"].tolist()
+        assert a.user_ids.tolist() == b.user_ids.tolist() and a.cut.tolist() == b.cut.tolist()
 
 
 @given(st.data())
