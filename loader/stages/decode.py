@@ -199,18 +199,17 @@ def decode_unit(index: SourceIndex, fetched: RowGroupBytes, *, max_seq_len: int 
     file = index.files[u.file]
     try:
         if fetched.streamed:
-            decoded = _decode_part(index, fetched, file, sliced)
+            slices = _decode_part(index, fetched, file, sliced)
         else:
             parquet = pq.ParquetFile(pa.PythonFile(_RangeFile(fetched.data, fetched.start, fetched.size), mode="r"),
                                      metadata=fetched.metadata)
-            decoded = _columns(index, parquet.read_row_group(u.row_group, columns=_names(index), use_threads=False))
+            slices = [_columns(index, parquet.read_row_group(u.row_group, columns=_names(index), use_threads=False))]
     except FileNotFoundError as exc:
         raise FileNotFoundError(f"{file.path}: the file disappeared after the loader indexed it") from exc
     except _DECODE_ERRORS as exc:
         if skip_corrupt:
             return corrupt(u.rows)
         raise _undecodable(index, unit, exc) from exc
-    slices = decoded if isinstance(decoded, list) else [decoded]
     rows = sum(len(user_ids) for user_ids, _, _ in slices)
     if rows != u.rows:
         raise ValueError(
@@ -218,7 +217,7 @@ def decode_unit(index: SourceIndex, fetched: RowGroupBytes, *, max_seq_len: int 
             "the loader was built; the file changed: construct the loader again"
         )
     chunks = [clean(*d, items=index.columns.items, max_seq_len=max_seq_len) for d in slices]
-    if not isinstance(decoded, list):
+    if len(chunks) == 1:  # a whole row group, a part filled into its arrays, or a part of one slice
         return chunks[0]
     return Chunk(status=np.concatenate([c.status for c in chunks]), rows=Sliced([c.rows for c in chunks]))
 
@@ -242,12 +241,13 @@ def _whole(column: pa.ChunkedArray | pa.Array) -> pa.Array:
     return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
 
 
-def _decode_part(index: SourceIndex, fetched: RowGroupBytes, file: DataFile, sliced: bool) -> Decoded | list[Decoded]:
+def _decode_part(index: SourceIndex, fetched: RowGroupBytes, file: DataFile, sliced: bool) -> list[Decoded]:
     """Part ``fetched.unit`` of a row group, taken from this process's pass over it (:mod:`loader.stages.passes`;
     a new one from the row group's start where none can reach the part: over the fetched bytes where the part
     brought the row group's, else over the file), ``SLICE_BYTES`` at a time into arrays sized once from the
     footer (rows; the row group's leaf values, which bound a part's events; what the part leaves untouched is
-    never resident); with ``sliced``, the slices themselves (zero-copy views of pyarrow's buffers)."""
+    never resident): one filled :data:`Decoded`, or with ``sliced`` the slices themselves (zero-copy views of
+    pyarrow's buffers)."""
     unit, metadata = fetched.unit, fetched.metadata
     u = index.units[unit]
     group = metadata.row_group(u.row_group)
@@ -278,7 +278,7 @@ def _decode_part(index: SourceIndex, fetched: RowGroupBytes, file: DataFile, sli
             raise ValueError(f"{index.describe(unit)}: its row group {exc}; the file changed: construct the "
                              "loader again") from None
         done = run.row >= group.num_rows
-        return taken if out is None else out.result()
+        return taken if out is None else [out.result()]
     finally:
         PASSES.release(key, run, done=done)
 

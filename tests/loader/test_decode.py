@@ -53,12 +53,17 @@ def _read(index, unit, max_seq_len=None, sliced=False):
     """Unit ``unit`` decoded; ``sliced``: as a reader actor decodes it (a part's slices as they are), its rows then
     gathered into one :class:`Rows` to compare."""
     fetched = decode.fetch_unit(index, unit, skip_corrupt=False)
-    chunk = decode.decode_unit(index, fetched, max_seq_len=max_seq_len, skip_corrupt=False, sliced=sliced)
-    if isinstance(chunk.rows, Sliced):
-        every = np.arange(len(chunk.rows), dtype=np.int64)
-        dtypes = {name: t.to_pandas_dtype() for name, t in index.lists}
-        chunk = Chunk(chunk.status, gather(*flatten([chunk.rows], np.zeros_like(every), every), dtypes))
-    return chunk
+    return _gathered(index, decode.decode_unit(index, fetched, max_seq_len=max_seq_len, skip_corrupt=False,
+                                               sliced=sliced))
+
+
+def _gathered(index, chunk):
+    """``chunk`` with its rows in one :class:`Rows`: gathered through ``flatten`` where they come sliced."""
+    if not isinstance(chunk.rows, Sliced):
+        return chunk
+    every = np.arange(len(chunk.rows), dtype=np.int64)
+    dtypes = {name: t.to_pandas_dtype() for name, t in index.lists}
+    return Chunk(chunk.status, gather(*flatten([chunk.rows], np.zeros_like(every), every), dtypes))
 
 
 @given(rows=st.lists(row, min_size=1, max_size=40), group_rows=st.integers(1, 17), part_share=st.floats(0, 1),
@@ -104,7 +109,6 @@ def test_a_part_decoded_sliced_holds_the_rows_the_part_filled_whole_does(tmp_pat
     largest = max(u.nbytes for u in _index(path, monkeypatch).units)
     index = _index(path, monkeypatch, largest // 3)
     monkeypatch.setattr(decode, "SLICE_BYTES", largest // 30)
-    dtypes = {name: t.to_pandas_dtype() for name, t in index.lists}
     assert len(index.units) == 3
     for unit in range(len(index.units)):
         filled = _read(index, unit, max_seq_len)
@@ -113,9 +117,7 @@ def test_a_part_decoded_sliced_holds_the_rows_the_part_filled_whole_does(tmp_pat
         assert isinstance(chunk.rows, Sliced) and sum(len(p) > 0 for p in chunk.rows.parts) >= 5
         assert chunk.status.tolist() == filled.status.tolist() and len(chunk.rows) == len(filled.rows) > 0
         assert chunk.rows.lengths.tolist() == filled.rows.lengths.tolist()
-        every = np.arange(len(chunk.rows), dtype=np.int64)
-        _same(filled.status, filled.rows, Chunk(chunk.status, gather(*flatten([chunk.rows], 0 * every, every),
-                                                                     dtypes)))
+        _same(filled.status, filled.rows, _gathered(index, chunk))
 
 
 def _same(status, rows, chunk):
