@@ -90,7 +90,9 @@ CPU: utime + stime of this process and all its descendants (Ray's GCS, raylet, w
 included) over the pass; ``CPU s/Mrow`` = CPU-seconds per million delivered rows, ``cores`` = CPU s / wall s (the
 floor's is about 1: one thread). ``foreign`` is machine busy time not spent by this process tree during the pass
 (other users' jobs: a noise warning); before each timed pass the bench waits (up to ``--quiet-wait`` s) until
-other processes use under ``--quiet-cores`` CPUs.
+other processes use under ``--quiet-cores`` CPUs. With ``--cpu-breakdown`` each pass's CPU is also split by process
+role (readers, coordinator, trainer processes, Ray's daemons, the bench) and the bench process's by thread (the
+loader's readers, planning, control loop, the consumers): ``bench/breakdown.py``.
 
 Memory: a sampler thread reads ``/proc/<pid>/status`` every 0.2 s for the same tree. On ``mem``, each contender runs
 in a fresh bench process of its own (``measure_in_child``): a memory pool keeps what an earlier contender freed.
@@ -127,6 +129,8 @@ import tempfile
 import threading
 import time
 import warnings
+from collections import Counter
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -137,6 +141,10 @@ import pyarrow.parquet as pq
 from freescale.provenance import git_provenance, machine
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO / "bench") not in sys.path:  # bench/breakdown.py
+    sys.path.insert(0, str(REPO / "bench"))
+from breakdown import ThreadCPU, process_role  # noqa: E402
+
 DATA_ROOT = REPO / "out" / "bench-data"
 MAX_LEN = 21_000
 # name -> lognormal median, default rows, --quick rows
@@ -368,6 +376,7 @@ class TreeMonitor:
         self.peak_mem = self.peak_rss = self.start_mem = self.samples = 0
         self._cpu_start: dict[int, int] = {}
         self._cpu_last: dict[int, int] = {}
+        self._roles: dict[int, str] = {}  # pid -> its role (``breakdown.process_role``), read when first seen
 
     def _sample(self) -> tuple[int, int]:
         table = _proc_table()
@@ -378,6 +387,8 @@ class TreeMonitor:
             anon, shmem, rss = anon + a, max(shmem, sh), rss + r
             if pid in table:
                 self._cpu_last[pid] = table[pid][1]
+                if pid not in self._roles:
+                    self._roles[pid] = process_role(pid, self.root)
         mem = anon + shmem
         self.peak_mem, self.peak_rss = max(self.peak_mem, mem), max(self.peak_rss, rss)
         self.samples += 1
@@ -390,6 +401,7 @@ class TreeMonitor:
     def __enter__(self) -> "TreeMonitor":
         table = _proc_table()
         self._cpu_start = {pid: table[pid][1] for pid in _descendants(self.root, table)}
+        self._roles = {pid: process_role(pid, self.root) for pid in self._cpu_start}
         self._busy_start = _machine_busy_ticks()
         self.start_mem, _ = self._sample()
         self._thread.start()
@@ -402,6 +414,17 @@ class TreeMonitor:
         busy = (_machine_busy_ticks() - self._busy_start) / TICK
         ours = sum(t - self._cpu_start.get(pid, 0) for pid, t in self._cpu_last.items()) / TICK
         self.cpu_s, self.foreign_cpu_s = ours, max(0.0, busy - ours)
+
+    def by_process(self) -> dict[str, float]:
+        """CPU seconds of the tree's processes over the block, by role (``breakdown.process_role``), the costliest
+        first: they add up to ``cpu_s``."""
+        by_role: Counter = Counter()
+        for pid, ticks in self._cpu_last.items():
+            role = process_role(pid, self.root)  # again: a Ray worker takes its actor's name once it holds one
+            if role == "gone":
+                role = self._roles.get(pid, role)
+            by_role[role] += (ticks - self._cpu_start.get(pid, 0)) / TICK
+        return {role: round(seconds, 3) for role, seconds in by_role.most_common() if seconds > 0}
 
     def result(self) -> dict:
         return {"peak_mem_mib": self.peak_mem / 1024, "peak_rss_mib": self.peak_rss / 1024,
@@ -911,7 +934,7 @@ def one_pass(runner, ds: dict, cols: list[str], cfg: dict) -> dict:
     """One timed pass under the tree monitor; the contender's teardown runs after it, untimed."""
     clock: dict = {}
     quiet = wait_quiet(cfg["quiet_wait"], cfg["quiet_cores"]) if cfg["quiet_wait"] > 0 else None
-    with TreeMonitor() as mon:
+    with TreeMonitor() as mon, ThreadCPU() if cfg["cpu_breakdown"] else nullcontext() as threads:
         start = time.monotonic()
         out = runner(ds, cols, cfg, clock)
     teardown = out.pop("teardown", None)
@@ -924,6 +947,8 @@ def one_pass(runner, ds: dict, cols: list[str], cfg: dict) -> dict:
          "first_batch_s": firsts[-1] - start if len(firsts) == consumers else None,
          "first_any_batch_s": firsts[0] - start if firsts else None, "consumers": consumers, **mon.result(),
          "quiet_before": quiet}
+    if threads is not None:
+        p["cpu_by_process"], p["cpu_by_thread"] = mon.by_process(), threads.result()
     p["cores"] = p["cpu_s"] / wall
     p["cpu_s_per_row"] = p["cpu_s"] / out["rows"] if out["rows"] else None
     p["cpu_s_per_mrow"] = p["cpu_s_per_row"] * 1e6 if out["rows"] else None
@@ -991,6 +1016,9 @@ def print_row(row: dict) -> None:
           f"{_fmt(row['cpu_s_per_mrow'], '10.1f'):>10} {_fmt(row.get('planner_ms_per_step'), '.2f'):>10} "
           f"{row['peak_mem_mib']:8.0f} {row['start_mem_mib']:8.0f} {row['mem_rise_mib']:6.0f} {row['peak_rss_mib']:8.0f} "
           f"{row['foreign_cpu_s']:7.1f}  {check}", flush=True)
+    for key, label in (("cpu_by_process", "CPU s by process"), ("cpu_by_thread", "CPU s by thread of the bench")):
+        if key in row:
+            print(f"{'':>20}{label}: " + ", ".join(f"{k} {v:.2f}" for k, v in row[key].items()), flush=True)
 
 
 def checks() -> list[tuple[str, str, str, str, str | None, float, str, str | None]]:
@@ -1120,6 +1148,8 @@ def parse_args(argv) -> argparse.Namespace:
                     "seconds for other processes to use < --quiet-cores CPUs (0: do not wait; default 120, --quick 0)")
     ap.add_argument("--quiet-cores", type=float, default=0.25, help="see --quiet-wait (default 0.25)")
     ap.add_argument("--quick", action="store_true", help="the --quick row counts, 1 timed pass, no quiet wait")
+    ap.add_argument("--cpu-breakdown", action="store_true", help="also each pass's CPU by process role and by thread "
+                    "of the bench's own process (bench/breakdown.py), printed under each row and in the JSON")
     ap.add_argument("--json-out", type=Path, help="also write the result object to this file")
     args = ap.parse_args(argv)
     args.contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]
@@ -1195,7 +1225,8 @@ def run_config(args: argparse.Namespace, dataset: str) -> dict:
     G = MOVIELENS_G if dataset == "movielens" else args.samples_per_step
     return {"R": args.ranks, "M": args.microbatches, "G": G, "ray_prefetch": args.ray_prefetch, "seed": args.seed,
             "columns": args.columns, "quiet_wait": args.quiet_wait, "quiet_cores": args.quiet_cores,
-            "named_epochs": args.named_epochs, "reader_nice": args.reader_nice, "shuffle_window": args.shuffle_window}
+            "named_epochs": args.named_epochs, "reader_nice": args.reader_nice, "shuffle_window": args.shuffle_window,
+            "cpu_breakdown": args.cpu_breakdown}
 
 
 def main(argv=None) -> dict:

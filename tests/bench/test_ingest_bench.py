@@ -65,7 +65,7 @@ def test_end_to_end_tiny(tmp_path):
     proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--short-rows", "2001", "--datasets", "short",
                            "--contenders", ",".join(contenders), "--ranks", "2", "--microbatches", "2",
                            "--samples-per-step", "256", "--warmups", "0", "--num-cpus", "2", "--named-epochs", "2",
-                           "--data-dir", str(tmp_path / "data"), "--json-out", str(out)],
+                           "--cpu-breakdown", "--data-dir", str(tmp_path / "data"), "--json-out", str(out)],
                           capture_output=True, text=True, timeout=280, env=env, cwd=SCRIPT.parents[1])
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
@@ -82,11 +82,15 @@ def test_end_to_end_tiny(tmp_path):
             row["cpu_s"] / row["rows"] * 1e6)
         assert 0 < row["first_batch_s"] <= row["wall_s"]
         assert row["consumers"] == (2 if contender in ("raysplit", "ours", "ours_s3", "named2", "split2") else 1)
+        # --cpu-breakdown: the process roles add up to the tree's CPU (each rounded to a millisecond)
+        by_process = row["cpu_by_process"]
+        assert sum(by_process.values()) == pytest.approx(row["cpu_s"], abs=0.001 * len(by_process))
     for split in ("raysplit", "split2"):
         assert got[split]["rows"] == 2000 and got[split]["dropped_rows"] == 1
         assert got[split]["batch_size_per_split"] == 128
     assert got["ours"]["rows"] == got["ours_s3"]["rows"] == got["named2"]["rows"] == 2001
     assert got["ours"]["equal_microbatches"] and got["named2"]["equal_microbatches"]
+    assert "rank process" in got["named2"]["cpu_by_process"]  # (the S3 server's share can be under a clock tick)
     (later,) = got["named2"]["later_epochs"]  # epoch 1 of the same loaders, every row delivered again
     assert later["epoch"] == 1 and later["rows_per_s"] > 0 and 0 < later["first_batch_s"] <= later["wall_s"]
     entry = result["targets"]["datasets"]["short"]
