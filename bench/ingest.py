@@ -143,7 +143,7 @@ from freescale.provenance import git_provenance, machine
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO / "bench") not in sys.path:  # bench/breakdown.py
     sys.path.insert(0, str(REPO / "bench"))
-from breakdown import ThreadCPU, process_role  # noqa: E402
+from breakdown import TICK, ThreadCPU, process_role  # noqa: E402
 
 DATA_ROOT = REPO / "out" / "bench-data"
 MAX_LEN = 21_000
@@ -172,7 +172,6 @@ TARGET_NAMED_VS_SPDL = {2: 0.7, 8: 0.4}
 TARGET_S3_VS_DISK = 0.8  # ours reading the same files from a loopback S3 server
 TARGET_DATALOADER_VS_OURS = 0.95  # issue 18: the DataLoader path costs at most 5% of ours' rows/s
 SAMPLE_INTERVAL_S = 0.2
-TICK = os.sysconf("SC_CLK_TCK")
 # Batches are read-only views of Arrow buffers, as in Ray's own collate; torch warns once about each of them.
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 

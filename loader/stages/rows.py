@@ -61,20 +61,15 @@ class Rows:
 
 @dataclass
 class Sliced:
-    """One unit's rows as consecutive :class:`Rows` (``parts[k]`` its rows ``starts[k] .. starts[k + 1] - 1``): a
-    part of a row group as its slices were decoded (:func:`loader.stages.decode.decode_unit` with ``sliced``), so
-    that a reader actor puts them into the object store as they are, without first copying them into one array
-    per column. Whoever gathers from it names its rows through :func:`flatten`."""
+    """One unit's rows as consecutive :class:`Rows` (at least one: ``parts[0]`` its first rows, then ``parts[1]``'s
+    and so on): a part of a row group as its slices were decoded (:func:`loader.stages.decode.decode_unit` with
+    ``sliced``), so that a reader actor puts them into the object store as they are, without first copying them into
+    one array per column. Whoever gathers from it names its rows through :func:`flatten`."""
 
     parts: list[Rows]
 
     def __len__(self) -> int:
         return sum(len(p) for p in self.parts)
-
-    @property
-    def starts(self) -> np.ndarray:
-        """First row of each part, then the row count, int64 (k + 1,)."""
-        return np.concatenate([[0], np.cumsum([len(p) for p in self.parts])]).astype(np.int64)
 
     @property
     def user_ids(self) -> np.ndarray:
@@ -100,11 +95,10 @@ def flatten(sources: list[Rows | Sliced], source: np.ndarray, row: np.ndarray) -
     if not any(isinstance(s, Sliced) for s in sources):
         return sources, source, row
     flat = [part for s in sources for part in (s.parts if isinstance(s, Sliced) else [s])]
-    sizes = np.array([len(s) for s in sources], dtype=np.int64)
-    offset = np.cumsum(sizes) - sizes  # (S,) each source's first row, the sources laid end to end
-    firsts = np.concatenate([offset[i] + (s.starts[:-1] if isinstance(s, Sliced) else np.zeros(1, dtype=np.int64))
-                             for i, s in enumerate(sources)])  # (len(flat),) nondecreasing
-    at = offset[source] + row  # (n,) each row's place end to end
+    counts = np.array([len(s.parts) if isinstance(s, Sliced) else 1 for s in sources], dtype=np.int64)  # (S,)
+    lengths = np.array([len(part) for part in flat], dtype=np.int64)
+    firsts = np.cumsum(lengths) - lengths  # (len(flat),) each part's first row, the parts laid end to end
+    at = firsts[np.cumsum(counts) - counts][source] + row  # (n,) each row's place: its source's first part's, on
     part = np.searchsorted(firsts, at, side="right") - 1  # the last part starting at or before it: never an empty one
     return flat, part.astype(np.int64), (at - firsts[part]).astype(np.int64)
 
