@@ -19,11 +19,6 @@ from loader.contract.sources import index_source
 from loader.stages.state import make_state, read_state
 
 
-# One thread of a process builds messages into tensors at a time: ranks drained by threads otherwise pass
-# the GIL back and forth at every NumPy, torch and kernel call (a fifth of the process's CPU on short histories).
-_ASSEMBLY = threading.Lock()
-
-
 class SequenceLoader:
     """Streams every global batch of ``samples_per_step`` histories, planned by ``balancer.plan``
     into ``ranks`` x ``microbatches`` bins of equal cost, to per-rank iterators.
@@ -82,8 +77,7 @@ class SequenceLoader:
         stream = self._client.open(ranks, epoch, self._start(ranks, epoch))
         try:
             while (messages := stream.next_message()) is not None:
-                with _ASSEMBLY:
-                    built = {r: MessageSteps(messages[r], pin_memory=self.config.pin_memory) for r in ranks}
+                built = {r: MessageSteps(messages[r], pin_memory=self.config.pin_memory) for r in ranks}
                 first = messages[ranks[0]]
                 resumes = list(zip(first.steps.tolist(), first.cursors.tolist(), first.window_starts.tolist()))
                 # gathered: the rows the messages read from (whole units, in place) go now, not when the next
