@@ -109,14 +109,12 @@ class MessageSteps(Sequence):
         items = events.pop(message.items)
         times = events.pop(message.timestamps) if message.timestamps is not None else None
         # each column as (buffer, bounds (K*M + 1,) of the microbatches in it, their sizes (K*M,)): the user ids,
-        # offsets, items, then the timestamps and the features
-        token_sizes = np.diff(token_bounds).tolist()
-        token_column = [token_bounds.tolist(), token_sizes]
+        # offsets, items, then the timestamps (if any) and the features; the event columns share one bounds and sizes
+        per_event = (token_bounds.tolist(), np.diff(token_bounds).tolist())
+        event_columns = [items, *([] if times is None else [times]), *events.values()]
         self.columns = [(torch.from_numpy(rows.user_ids), bounds.tolist(), sizes.tolist()),
                         (offsets, np.concatenate([[0], np.cumsum(sizes + 1)]).tolist(), (sizes + 1).tolist()),
-                        (items, *token_column),
-                        *((values, *token_column) for values in ([] if times is None else [times])),
-                        *((values, *token_column) for values in events.values())]
+                        *((values, *per_event) for values in event_columns)]
         self.has_times = times is not None
         self.feature_names = list(events)
         self.costs = message.costs.reshape(-1).tolist()

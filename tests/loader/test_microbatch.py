@@ -1,6 +1,7 @@
 """A message's microbatches (``MessageSteps``): each one the rows its bounds name, as views of one buffer per column."""
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -84,8 +85,5 @@ def test_every_microbatch_holds_its_rows_in_any_order_of_asking(message, random)
     storages = {mb.item_ids.untyped_storage().data_ptr() for k in range(K) for mb in steps[k]}
     assert len(storages) == 1
     for bad in (-1, K):
-        try:
+        with pytest.raises(IndexError):
             steps[bad]
-        except IndexError:
-            continue
-        raise AssertionError(f"step {bad} of {K} did not raise IndexError")
