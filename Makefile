@@ -22,9 +22,15 @@ demo: $(STAMP)
 	$(BIN)/freescale demo
 
 # -X faulthandler: a crash after the session (at interpreter exit: one CI try ended so, tests all passed) prints every
-# thread's stack instead of a bare "Segmentation fault"
+# thread's stack instead of a bare "Segmentation fault".
+# Two parts: the suite on TEST_WORKERS processes (pytest-xdist, one test file per process at a time: most of the
+# suite's time is integration tests waiting on processes they started, 15:32 -> 10:44 on two cores), then the tests
+# marked `serial` alone (they time the wall clock, or look for any Ray on the machine, which another worker's
+# would change). TEST_WORKERS=0 runs the first part in this process.
+TEST_WORKERS ?= 2
 test: $(STAMP) browser
-	$(BIN)/python -X faulthandler -m pytest -q
+	$(BIN)/python -X faulthandler -m pytest -q -m "not serial" -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -X faulthandler -m pytest -q -m serial
 
 # The report's browser test needs Chromium: install Debian's package when we can (root, apt); otherwise that
 # one test is skipped and says so.

@@ -1,4 +1,5 @@
 import os
+import shutil
 import sys
 import tempfile
 
@@ -15,6 +16,18 @@ def ray_address():
 
     with local_ray("fsray") as address:
         yield address
+
+
+@pytest.fixture(scope="module")
+def ray_tmpdir():
+    """Ray's temp root (``RAY_TMPDIR``) for a module whose Ray starts as a user's does (no ``_temp_dir``): a short
+    folder of its own (Ray's unix sockets live below it), removed after. Ray also writes a started cluster's address
+    there, where a plain ``ray.init()`` of another test's process (run meanwhile, ``make test``) does not look."""
+    path = tempfile.mkdtemp(prefix="fsrt", dir="/tmp")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RAY_TMPDIR", path)
+        yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -16,6 +16,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from tests.source import parse
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("balancer", "loader", "analysis", "trainer", "cuda_ext", "freescale")
 FILE_READERS = ("pyarrow", "pandas")  # pyarrow.parquet, pyarrow.csv, ... are under pyarrow
@@ -29,7 +31,7 @@ def module_name(path: Path) -> str:
 def imports_of(path: Path) -> set[str]:
     """Absolute names of every module ``path`` imports, relative imports resolved; ``from m import a`` gives
     ``m`` and ``m.a`` (``a`` may be a submodule). String literals passed to ``importlib.import_module`` count."""
-    tree = ast.parse(path.read_text(), filename=str(path))
+    tree = parse(path)
     package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
     found: set[str] = set()
     for node in ast.walk(tree):
@@ -195,7 +197,7 @@ def test_no_environment_read_below_the_public_face():
     houses below do is a function of their arguments."""
     below = [ROOT / f for house in ("contract", "stages", "control", "backends") for f in _house(house)]
     reads = sorted(f"{path.relative_to(ROOT)}: {node.attr if isinstance(node, ast.Attribute) else node.id}"
-                   for path in below for node in ast.walk(ast.parse(path.read_text()))
+                   for path in below for node in ast.walk(parse(path))
                    if (isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv"))
                    or (isinstance(node, ast.Name) and node.id in ("environ", "getenv")))
     assert reads == []

@@ -198,6 +198,7 @@ def replayed_bins(data: Path, planner: str, steps: int) -> np.ndarray:
     return out
 
 
+@pytest.mark.serial  # wall-clock bubbles: another test's load would be measured with them
 def test_calibrated_simulation_predicts_another_runs_bubble_within_10_percent(tmp_path):
     """Calibrate on one measured 2-rank CPU run, simulate ANOTHER run's recorded bins, compare bubble fractions.
 

@@ -18,6 +18,7 @@ from balancer.kernels import refine as R
 from balancer.kernels import totals as T
 from balancer.kernels.common import (Rules, counting_sort, member_costs, member_lists, members, members_of,
                                      move_member, sorted_members)
+from tests.source import parse
 
 
 @given(st.lists(st.tuples(st.integers(0, 5), st.integers(1, 6)), min_size=1, max_size=40),
@@ -459,7 +460,7 @@ def test_numba_code_lives_in_kernels_and_no_module_imports_private_names():
     # balancer's numba code is balancer/kernels/ alone; its modules share helpers through public names only
     root = Path(__file__).resolve().parents[2] / "balancer"
     for path in root.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parse(path)):
             if isinstance(node, ast.Import):
                 imported = [(alias.name, None) for alias in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module:

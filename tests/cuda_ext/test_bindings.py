@@ -14,6 +14,7 @@ import pytest
 from cuda_ext import bindings
 from cuda_ext.build import SOURCE_DIR
 from tests.cuda_ext.test_build import needs_nvcc
+from tests.source import parse
 
 ROOT = SOURCE_DIR.parent
 ENTRY = re.compile(r'(?:extern "C"\s+)?(?:const char\*|int)\s+(fs_\w+)\(([^)]*)\)\s*\{', re.S)
@@ -77,7 +78,7 @@ def test_every_binding_passes_the_device_it_is_given(monkeypatch):
 def test_the_callers_pass_the_device_of_what_they_copy(module):
     # every call into the bindings names the device: the exchange's own (self.device.index, or `dev` bound to
     # it) or the tensor's (x.device.index), never torch's current device
-    tree = ast.parse((ROOT / module).read_text())
+    tree = parse(ROOT / module)
     calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
              and isinstance(node.func.value, ast.Name) and node.func.value.id == "bindings"]
     assert calls, f"{module} makes no call into cuda_ext.bindings"

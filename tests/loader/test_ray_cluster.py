@@ -1,11 +1,9 @@
 """A real two-node Ray cluster on one machine: readers spread over both nodes, exactly-once holds."""
 
-import os
 import time
 
 import pytest
 import ray
-from ray._common.utils import get_ray_address_file
 from ray.cluster_utils import Cluster
 
 from loader import SequenceLoader
@@ -14,13 +12,10 @@ from .helpers import collect, histories, source_histories, synth
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    # Cluster() records its address in Ray's shared "current cluster" file, where a plain ray.init()
-    # of any process on this machine would find it: put back what was there as soon as it is up.
-    address_file = get_ray_address_file(None)
-    before = open(address_file).read() if os.path.exists(address_file) else None
+def cluster(ray_tmpdir):
+    # Cluster() starts its nodes with Ray's defaults: their files, and the address a plain ray.init() of this machine
+    # would join, go under ray_tmpdir
     nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    _restore(address_file, before)
     nodes.add_node(num_cpus=1)
     ray.init(address=nodes.address)
     nodes.wait_for_nodes()
@@ -28,7 +23,6 @@ def cluster():
     yield nodes
     ray.shutdown()
     nodes.shutdown()
-    _restore(address_file, before)
 
 
 @ray.remote(num_cpus=0)
@@ -42,15 +36,6 @@ def _wait_until_schedulable(n_nodes, timeout=60.0):
     while len(set(ray.get([_node_id.options(scheduling_strategy="SPREAD").remote() for _ in range(4)]))) < n_nodes:
         assert time.monotonic() < deadline, f"the cluster did not schedule onto {n_nodes} nodes in {timeout} s"
         time.sleep(0.5)
-
-
-def _restore(path, text):
-    if text is None:
-        if os.path.exists(path):
-            os.remove(path)
-    else:
-        with open(path, "w") as f:
-            f.write(text)
 
 
 def test_readers_on_both_nodes_deliver_every_row_once(cluster, tmp_path):

@@ -24,6 +24,7 @@ def _ray_runs() -> bool:
     return False
 
 
+@pytest.mark.serial  # another test's Ray, running meanwhile, would skip it
 def test_torchrun_processes_without_a_running_ray_are_told_to_start_one(tmp_path):
     if _ray_runs():
         pytest.skip("a Ray runs on this machine: ray.init(address='auto') joins it, as it should")
