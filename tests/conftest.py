@@ -8,6 +8,14 @@ import pytest
 # numba's cache=True needs a writable folder; an installed package may be read-only.
 os.environ.setdefault("NUMBA_CACHE_DIR", os.path.join(tempfile.gettempdir(), "freescale-numba-cache"))
 
+# What the tests' processes leave in the temp folder without being asked (torchrun's log folders, multiprocessing's
+# folders, which this process's quick exit below would leave too) goes into a folder of this test process's own,
+# removed as it ends; pytest's own tmp_path folders stay where pytest keeps them.
+os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", tempfile.gettempdir())
+_OWN_TMP = tempfile.mkdtemp(prefix="fstests")
+os.environ["TMPDIR"] = _OWN_TMP
+tempfile.tempdir = None  # gettempdir() reads TMPDIR again
+
 
 @pytest.fixture(scope="module")
 def ray_address():
@@ -59,12 +67,13 @@ def pytest_unconfigure(config):
     extensions' own finalization at interpreter exit (Ray's core worker, pyarrow's and torch's thread pools), which
     crashed now and then after a passing session (CI logs: "617 passed ... Segmentation fault", no Python stack:
     past the point where ``faulthandler`` still reports). A Ray still initialised here (a test that left one) is
-    shut down first, where a crash would still be reported."""
-    if _STATUS not in config.stash:
-        return
+    shut down first, where a crash would still be reported. The test process's own temp folder goes with it."""
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
         ray.shutdown()
+    shutil.rmtree(_OWN_TMP, ignore_errors=True)
+    if _STATUS not in config.stash:
+        return
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(config.stash[_STATUS])
