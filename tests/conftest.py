@@ -9,10 +9,12 @@ import pytest
 os.environ.setdefault("NUMBA_CACHE_DIR", os.path.join(tempfile.gettempdir(), "freescale-numba-cache"))
 
 # What the tests' processes leave in the temp folder without being asked (torchrun's log folders, multiprocessing's
-# folders, which this process's quick exit below would leave too) goes into a folder of this test process's own,
-# removed as it ends; pytest's own tmp_path folders stay where pytest keeps them.
+# folders, which this process's quick exit below would leave too; a Ray started with its defaults, as the demo's and
+# a ray.cluster_utils.Cluster are, and the "current cluster" address file a plain ray.init() of another process would
+# join) goes into a short folder of this test process's own (Ray's unix sockets live below it), removed as it ends;
+# pytest's own tmp_path folders stay where pytest keeps them.
 os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", tempfile.gettempdir())
-_OWN_TMP = tempfile.mkdtemp(prefix="fstests")
+_OWN_TMP = tempfile.mkdtemp(prefix="fstests", dir=os.environ["PYTEST_DEBUG_TEMPROOT"])
 os.environ["TMPDIR"] = _OWN_TMP
 tempfile.tempdir = None  # gettempdir() reads TMPDIR again
 
@@ -24,18 +26,6 @@ def ray_address():
 
     with local_ray("fsray") as address:
         yield address
-
-
-@pytest.fixture(scope="module")
-def ray_tmpdir():
-    """Ray's temp root (``RAY_TMPDIR``) for a module whose Ray starts as a user's does (no ``_temp_dir``): a short
-    folder of its own (Ray's unix sockets live below it), removed after. Ray also writes a started cluster's address
-    there, where a plain ``ray.init()`` of another test's process (run meanwhile, ``make test``) does not look."""
-    path = tempfile.mkdtemp(prefix="fsrt", dir="/tmp")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("RAY_TMPDIR", path)
-        yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):

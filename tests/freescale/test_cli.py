@@ -103,7 +103,7 @@ def test_epoch_lengths_holds_the_shuffled_order_and_how_far_samples_moved(tmp_pa
     assert any(not np.array_equal(a, b) for a, b in zip(epoch.steps, plain.steps))
 
 
-def test_demo_runs_on_bundled_movielens(capsys, tmp_path, ray_tmpdir):  # the demo starts Ray as a user's does
+def test_demo_runs_on_bundled_movielens(capsys, tmp_path):
     assert main(["demo", "--report-out", str(tmp_path / "report")]) == 0
     text, err = capsys.readouterr()
     # the ingest bar's live status (first shown after the first step)

@@ -12,9 +12,9 @@ from .helpers import collect, histories, source_histories, synth
 
 
 @pytest.fixture(scope="module")
-def cluster(ray_tmpdir):
+def cluster():
     # Cluster() starts its nodes with Ray's defaults: their files, and the address a plain ray.init() of this machine
-    # would join, go under ray_tmpdir
+    # would join, go under the test process's own temp folder (tests/conftest.py)
     nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     nodes.add_node(num_cpus=1)
     ray.init(address=nodes.address)
