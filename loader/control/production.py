@@ -24,7 +24,7 @@ from loader.stages.assemble import rank_messages
 from loader.config import LoaderConfig
 from loader.control.protocol import End, Step
 from loader.control.routing import Sources
-from loader.control.runs import Run
+from loader.control.runs import Run, drop
 from loader.stages.nodes import NodeLayout
 from loader.stages.pipeline import EpochRun, PlannedStep, units_in
 
@@ -83,8 +83,7 @@ async def produce(service: Service, run: Run) -> None:
         deliverer.cancel()
         run.fail(exc)
     finally:
-        for future in inflight:
-            future.cancel()
+        drop(inflight)
 
 
 async def deliver(service: Service, run: Run, deliveries: asyncio.Queue) -> None:

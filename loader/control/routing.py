@@ -19,6 +19,7 @@ import numpy as np
 
 from loader.stages.assemble import RankMessage, route_ranks
 from loader.control.protocol import Fetched, Lost, Readers
+from loader.control.runs import drop
 
 PACK_ATTEMPTS = 3  # a pack whose rows were lost is retried from fresh reads this often
 
@@ -90,8 +91,7 @@ class Sources:
         try:
             done = {node: await future for node, future in packs.items()}
         finally:
-            for future in packs.values():
-                future.cancel()
+            drop(packs.values())
         for packed in done.values():
             if isinstance(packed, Lost):
                 return packed

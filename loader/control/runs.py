@@ -20,6 +20,21 @@ from loader.control.protocol import End, Failed, Where
 from loader.stages.stats import Stats
 
 
+def drop(futures) -> None:
+    """Cancel ``futures`` (tasks and futures of the control loop), and retrieve the exception of any that ends with
+    one all the same: a read whose reader call the readers' cancellation ended as it was cancelled raises that
+    error (Python 3.11's ``asyncio.wait_for``), which would be logged as "Task exception was never retrieved"
+    whenever the task is garbage-collected, long after its loader closed."""
+    for future in futures:
+        future.cancel()
+        future.add_done_callback(_retrieve)
+
+
+def _retrieve(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
 @dataclass(frozen=True)
 class RunKey:
     """One pass over ``epoch`` from ``start``."""
@@ -71,8 +86,7 @@ class Run:
             else:  # no next() waits on a non-empty queue, but the producer may: free it (an End put
                 self.drop_queued(r)  # here would block it again at prefetch_steps=1)
         if len(self.finished) == self.ranks:
-            for task in self.tasks:
-                task.cancel()
+            drop(self.tasks)
             self.retire(self)
             self.retired.set()
 

@@ -38,7 +38,7 @@ from loader.config import LoaderConfig
 from loader.control.liveness import bury, watch
 from loader.control.production import MESSAGE_BYTES, produce
 from loader.control.protocol import End, Opened, Readers, Reply, Step, Wait, Where
-from loader.control.runs import Run, RunKey
+from loader.control.runs import Run, RunKey, drop
 from loader.contract.sources import SourceIndex
 from loader.stages.stats import Stats
 
@@ -179,8 +179,7 @@ class Service:
         """Stop: the run in progress ends where it is (its reads and packs are dropped)."""
         run, self.run = self.run, None
         if run is not None:
-            for task in run.tasks:
-                task.cancel()
+            drop(run.tasks)
             run.retired.set()
         self.stats.queue_depth = [0] * self.config.ranks
 
