@@ -84,6 +84,8 @@ async def produce(service: Service, run: Run) -> None:
         run.fail(exc)
     finally:
         drop(inflight)
+        queued = [deliveries.get_nowait() for _ in range(deliveries.qsize())]  # routings the deliverer never took
+        drop(item[1] for item in queued if item is not None)
 
 
 async def deliver(service: Service, run: Run, deliveries: asyncio.Queue) -> None:
