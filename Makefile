@@ -25,12 +25,9 @@ demo: $(STAMP)
 # thread's stack instead of a bare "Segmentation fault".
 # Two parts: the suite without the tests marked `serial`, then those alone (they time the wall clock, or look for any
 # Ray on the machine). The first part runs on TEST_WORKERS processes (pytest-xdist, one test file per process at a
-# time; 0: in this process): two take it from about 15-19 minutes to 10-13 on two cores (docs/benchmarks.md). Their
-# first tries met CPython 3.11.7's "AST constructor recursion depth mismatch" (python/cpython#106905): a read that a
-# closed loader had dropped logged its error when garbage-collected, inside a later test's ast.parse, and the log's
-# traceback parsed too; the control plane retrieves those errors now (loader.control.runs.drop).
-# `freescale warm` first compiles the loader's kernels into NUMBA_CACHE_DIR once (95 s on an empty cache), instead of
-# each test process and each Ray worker compiling them at once: 13:38 -> 1:35 + 9:26 for the first part.
+# time; 0: in this process), after `freescale warm` has compiled the loader's kernels into NUMBA_CACHE_DIR once
+# rather than every test process and Ray worker compiling them at once: 13:38 -> 1:35 + 9:26 on two cores
+# (docs/benchmarks.md, twenty-fifth session).
 TEST_WORKERS ?= 2
 test: $(STAMP) browser
 	$(BIN)/freescale warm

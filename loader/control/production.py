@@ -76,16 +76,11 @@ async def produce(service: Service, run: Run) -> None:
         service.stats.record_end(run.key.epoch, epoch_run.tail)
         await deliveries.put(None)
         await deliverer
-    except asyncio.CancelledError:
-        deliverer.cancel()
-        raise
     except Exception as exc:  # every rank gets the error instead of its remaining steps
-        deliverer.cancel()
         run.fail(exc)
-    finally:
-        drop(inflight)
+    finally:  # a run cut short (cancelled, failed) drops its deliverer and whatever is still pending
         queued = [deliveries.get_nowait() for _ in range(deliveries.qsize())]  # routings the deliverer never took
-        drop(item[1] for item in queued if item is not None)
+        drop([deliverer, *inflight, *(item[1] for item in queued if item is not None)])
 
 
 async def deliver(service: Service, run: Run, deliveries: asyncio.Queue) -> None:

@@ -11,7 +11,7 @@ answers the ranks.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from loader.stages.assemble import RankMessage
@@ -20,7 +20,7 @@ from loader.control.protocol import End, Failed, Where
 from loader.stages.stats import Stats
 
 
-def drop(futures) -> None:
+def drop(futures: Iterable[asyncio.Future]) -> None:
     """Cancel ``futures`` (tasks and futures of the control loop), and retrieve the exception of any that ends with
     one all the same: a read whose reader call the readers' cancellation ended as it was cancelled raises that
     error (Python 3.11's ``asyncio.wait_for``), which would be logged as "Task exception was never retrieved"
