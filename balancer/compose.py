@@ -70,8 +70,12 @@ class Composition:
 
     def members(self) -> list[np.ndarray]:
         """Each step's samples, ascending window position: K arrays of int64 (sizes[k],)."""
-        order = np.argsort(self.step, kind="stable")  # (N,)
-        return np.split(order, np.cumsum(self.sizes)[:-1])
+        return np.split(self.order(), np.cumsum(self.sizes)[:-1])
+
+    def order(self) -> np.ndarray:
+        """The window's samples step after step, ascending window position inside a step: int64 (N,), step k's the
+        ``sizes[k]`` after the ``sizes[:k].sum()`` before (:meth:`members` concatenated)."""
+        return np.argsort(self.step, kind="stable")
 
     def moved(self) -> np.ndarray:
         """How far each sample moved from its shuffled step, in steps: int64 (N,)."""

@@ -34,9 +34,16 @@ def balance_metrics(loads: np.ndarray, tokens: np.ndarray, counts: np.ndarray, *
                     max_tokens: int | None = None) -> dict:
     """Metrics from per-bin loads/tokens/counts, each (R, M)."""
     ranks, microbatches = loads.shape
-    total, peak, lockstep, rank_max, violations, tokens_max, per_rank_min, per_rank_max = summary(
-        loads, tokens, counts, -1 if max_tokens is None else max_tokens)
-    mean = total / loads.size if loads.size else 0.0
+    return metrics_of(*summary(loads, tokens, counts, -1 if max_tokens is None else max_tokens), ranks=ranks,
+                      microbatches=microbatches, max_single_cost=max_single_cost)
+
+
+def metrics_of(total: float, peak: float, lockstep: float, rank_max: float, violations: int, tokens_max: int,
+               per_rank_min: int, per_rank_max: int, *, ranks: int, microbatches: int, max_single_cost: float) -> dict:
+    """:func:`balance_metrics` from the one-pass summary of an R x M grid (``balancer.kernels.totals.summary``, or a
+    step's row of ``step_totals``): total and peak cost, lockstep time, costliest rank total, bins over the token
+    cap, most tokens in a bin, fewest and most samples in a rank."""
+    mean = total / (ranks * microbatches) if ranks * microbatches else 0.0
     lower_bound = max(mean, float(max_single_cost))
     return {
         "max_over_mean": peak / mean if mean > 0 else 1.0,

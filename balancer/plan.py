@@ -7,16 +7,16 @@ every sample landed in exactly one bin within the constraints it promises, and c
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from balancer.balanced import settled_steps
 from balancer.cost import DEFAULT_COST_MODEL, CostModel
-from balancer.kernels.common import counting_sort
-from balancer.kernels.totals import bin_totals
+from balancer.kernels.totals import bin_totals, step_groups, step_totals
 from balancer.locality import crossing, plan_local, validate_layout
-from balancer.metrics import balance_metrics
+from balancer.metrics import balance_metrics, metrics_of
 from balancer.registry import Objective, Problem, Registered, get_planner
 
 
@@ -47,8 +47,7 @@ class Plan:
         Returns ``order`` int64 (N,) and ``offsets`` int64 (R*M + 1,): bin b holds
         ``order[offsets[b]:offsets[b + 1]]``.
         """
-        bins = self.rank.astype(np.int64) * self.microbatches + self.microbatch
-        return counting_sort(bins, np.arange(len(bins)), self.ranks * self.microbatches)
+        return plan_groups([self])[0]
 
     def members(self, rank: int, microbatch: int) -> np.ndarray:
         """Sample indices (ascending) of one bin."""
@@ -161,13 +160,12 @@ def plan_steps(
                                             max_tokens=max_tokens, equal_count=bool(equal_count), seed=seed,
                                             objective=objective)
         share = (time.perf_counter() - start) / len(sizes)
+    done = _settled_plans(entry, lengths, costs, offsets, settled, rank, slot, ranks, microbatches, max_tokens,
+                          bool(equal_count), share) if settled.any() else {}
     plans = []
     for k, (a, b) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist())):
         if settled[k]:
-            problem = Problem(lengths[a:b], costs[a:b], ranks, microbatches, max_tokens, bool(equal_count), seed,
-                              cost_model, objective)
-            result = _assemble(problem, entry, rank[a:b], slot[a:b], share)
-            result.metrics.update(crossing_samples=0.0, crossing_tokens=0.0, locality_fallback=0)
+            result = done[k]
         else:
             try:
                 result = plan(lengths[a:b], ranks=ranks, microbatches=microbatches, cost_model=cost_model,
@@ -178,6 +176,18 @@ def plan_steps(
             result.seconds += share
         plans.append(result)
     return plans
+
+
+def plan_groups(plans: Sequence[Plan]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """:meth:`Plan.groups` of each of ``plans`` (all of one R x M), in one kernel call (``totals.step_groups``):
+    a window's steps pay its fixed cost once."""
+    if not plans:
+        return []
+    offsets = np.cumsum([0, *(len(plan.rank) for plan in plans)], dtype=np.int64)
+    order, first = step_groups(np.concatenate([plan.rank for plan in plans]),
+                               np.concatenate([plan.microbatch for plan in plans]), offsets, plans[0].microbatches,
+                               plans[0].ranks * plans[0].microbatches)
+    return [(order[a:b], first[k]) for k, (a, b) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist()))]
 
 
 def validate_lengths(lengths) -> np.ndarray:
@@ -249,6 +259,31 @@ def _check_token_cap(lengths: np.ndarray, max_tokens: int, n_bins: int) -> None:
         )
 
 
+def _settled_plans(entry: Registered, lengths: np.ndarray, costs: np.ndarray, offsets: np.ndarray, settled: np.ndarray,
+                   rank: np.ndarray, slot: np.ndarray, R: int, M: int, max_tokens: int | None, equal_count: bool,
+                   seconds: float) -> dict[int, Plan]:
+    """The plans of the steps ``settled`` (K,) by the kernel, by step: what :func:`_assemble` makes of each, their
+    totals and summaries in one kernel call (``totals.step_totals``, the same sums as ``bin_totals`` and
+    ``summary`` step by step)."""
+    steps = np.flatnonzero(settled)
+    taken = np.repeat(settled, np.diff(offsets))  # (N,) samples of the settled steps
+    if taken.any() and (rank[taken].min() < 0 or rank[taken].max() >= R or slot[taken].min() < 0
+                        or slot[taken].max() >= M):
+        raise RuntimeError(f"planner {entry.name!r} returned a bin outside {R} x {M}")
+    rank, slot = rank.astype(np.int32), slot.astype(np.int32)
+    loads, tokens, counts, scores, tallies = step_totals(rank, slot, costs, lengths, offsets, steps, R, M,
+                                                         -1 if max_tokens is None else max_tokens)
+    plans = {}
+    for s, (k, score, tally) in enumerate(zip(steps.tolist(), scores.tolist(), tallies.tolist())):
+        *summary, costliest = score
+        metrics = metrics_of(*summary, *tally, ranks=R, microbatches=M, max_single_cost=costliest)
+        _check_promises(entry, max_tokens, equal_count, metrics)
+        metrics.update(crossing_samples=0.0, crossing_tokens=0.0, locality_fallback=0)
+        a, b = offsets[k], offsets[k + 1]
+        plans[k] = Plan(rank[a:b], slot[a:b], loads[s], tokens[s], counts[s], metrics, entry.name, seconds)
+    return plans
+
+
 def _assemble(problem: Problem, entry: Registered, rank: np.ndarray, microbatch: np.ndarray, seconds: float) -> Plan:
     R, M, method = problem.ranks, problem.microbatches, entry.name
     rank = np.asarray(rank).astype(np.int32, copy=False)
@@ -265,16 +300,15 @@ def _assemble(problem: Problem, entry: Registered, rank: np.ndarray, microbatch:
         max_single_cost=float(problem.costs.max()) if problem.n else 0.0,
         max_tokens=problem.max_tokens,
     )
-    _check_promises(problem, entry, counts, metrics)
+    _check_promises(entry, problem.max_tokens, problem.equal_count, metrics)
     return Plan(rank, microbatch, loads, tokens, counts, metrics, method, seconds)
 
 
-def _check_promises(problem: Problem, entry: Registered, counts, metrics) -> None:
-    """The constraints ``entry`` honours hold on its plan (a RuntimeError otherwise: a planner bug)."""
+def _check_promises(entry: Registered, max_tokens: int | None, equal_count: bool, metrics: dict) -> None:
+    """The constraints ``entry`` honours hold on its plan of ``metrics`` (a RuntimeError otherwise: a planner bug)."""
     method = entry.name
     if entry.honours.max_tokens and metrics["token_cap_violations"]:
-        raise RuntimeError(f"planner {method!r} broke max_tokens={problem.max_tokens}; please report this bug")
-    if entry.honours.equal_count and problem.equal_count:
-        per_rank = counts.sum(axis=1)
-        if per_rank.max() - per_rank.min() > 1:
-            raise RuntimeError(f"planner {method!r} broke equal_count ({per_rank.min()}..{per_rank.max()})")
+        raise RuntimeError(f"planner {method!r} broke max_tokens={max_tokens}; please report this bug")
+    fewest, most = metrics["samples_per_rank_min"], metrics["samples_per_rank_max"]
+    if entry.honours.equal_count and equal_count and most - fewest > 1:
+        raise RuntimeError(f"planner {method!r} broke equal_count ({fewest}..{most})")

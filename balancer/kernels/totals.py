@@ -1,4 +1,5 @@
-"""Per-bin totals of a plan (``bin_totals``), the one-pass ``summary`` its metrics come from, and the scores of a
+"""Per-bin totals of a plan (``bin_totals``), the one-pass ``summary`` its metrics come from, both for a window's
+steps in one call (``step_totals``), each step's samples grouped by bin (``step_groups``), and the scores of a
 candidate's layout (``layout_scores``), each a numba kernel beside its plain twin.
 
 ``pairwise_sum`` adds a float64 vector as NumPy's ``sum`` does (its pairwise scheme, blocks of 128, eight
@@ -79,6 +80,85 @@ def bin_totals_ref(rank, microbatch, costs, lengths, ranks, microbatches):
     return (np.bincount(bins, weights=costs, minlength=ranks * microbatches).reshape(shape),
             np.bincount(bins, weights=lengths, minlength=ranks * microbatches).astype(np.int64).reshape(shape),
             np.bincount(bins, minlength=ranks * microbatches).astype(np.int64).reshape(shape))
+
+
+@njit(cache=True, nogil=True)
+def step_totals(rank, microbatch, costs, lengths, offsets, steps, ranks, microbatches, max_tokens):
+    """``bin_totals`` and ``summary`` of several steps of one window in one call: step ``steps[s]`` is samples
+    ``offsets[steps[s]] .. offsets[steps[s] + 1] - 1`` of ``rank``, ``microbatch``, ``costs``, ``lengths`` (N,).
+    Returns ``loads`` float64, ``tokens`` and ``counts`` int64, each (S, R, M); ``scores`` float64 (S, 5): each
+    step's total, peak, lockstep time, costliest rank total (``summary``'s) and costliest sample; ``tallies`` int64
+    (S, 4): its bins over ``max_tokens``, most tokens in a bin, fewest and most samples in a rank."""
+    n_steps = steps.shape[0]
+    loads = np.empty((n_steps, ranks, microbatches))
+    tokens = np.empty((n_steps, ranks, microbatches), dtype=np.int64)
+    counts = np.empty((n_steps, ranks, microbatches), dtype=np.int64)
+    scores = np.empty((n_steps, 5))
+    tallies = np.empty((n_steps, 4), dtype=np.int64)
+    for s in range(n_steps):
+        a, b = offsets[steps[s]], offsets[steps[s] + 1]
+        loads[s], tokens[s], counts[s] = bin_totals(rank[a:b], microbatch[a:b], costs[a:b], lengths[a:b], ranks,
+                                                    microbatches)
+        total, peak, lockstep, rank_max, violations, tokens_max, per_rank_min, per_rank_max = summary(
+            loads[s], tokens[s], counts[s], max_tokens)
+        costliest = 0.0
+        for i in range(a, b):
+            costliest = max(costliest, costs[i])
+        scores[s, 0], scores[s, 1], scores[s, 2], scores[s, 3], scores[s, 4] = total, peak, lockstep, rank_max, costliest
+        tallies[s, 0], tallies[s, 1], tallies[s, 2], tallies[s, 3] = violations, tokens_max, per_rank_min, per_rank_max
+    return loads, tokens, counts, scores, tallies
+
+
+def step_totals_ref(rank, microbatch, costs, lengths, offsets, steps, ranks, microbatches, max_tokens):
+    """Plain twin of ``step_totals``: ``bin_totals_ref`` and ``summary_ref`` step by step."""
+    loads, tokens, counts, scores, tallies = [], [], [], [], []
+    for k in steps.tolist():
+        a, b = int(offsets[k]), int(offsets[k + 1])
+        bins = bin_totals_ref(rank[a:b], microbatch[a:b], costs[a:b], lengths[a:b], ranks, microbatches)
+        total, peak, lockstep, rank_max, *counted = summary_ref(*bins, max_tokens)
+        for out, value in zip((loads, tokens, counts), bins):
+            out.append(value)
+        scores.append([total, peak, lockstep, rank_max, max((float(c) for c in costs[a:b]), default=0.0)])
+        tallies.append(counted)
+    shape = (len(steps), ranks, microbatches)
+    return (np.array(loads, dtype=np.float64).reshape(shape), np.array(tokens, dtype=np.int64).reshape(shape),
+            np.array(counts, dtype=np.int64).reshape(shape), np.array(scores, dtype=np.float64).reshape(-1, 5),
+            np.array(tallies, dtype=np.int64).reshape(-1, 4))
+
+
+@njit(cache=True, nogil=True)
+def step_groups(rank, microbatch, offsets, microbatches, n_bins):
+    """Each step's samples grouped by bin ``rank * microbatches + microbatch``, as ``counting_sort`` groups one
+    step's: step k is samples ``offsets[k] .. offsets[k + 1] - 1`` of ``rank``, ``microbatch`` (N,). Returns
+    ``order`` int64 (N,), step k's at ``order[offsets[k]:offsets[k + 1]]`` as indices within that step, ascending
+    inside a bin, and ``first`` int64 (K, n_bins + 1): bin j of step k at ``first[k, j]:first[k, j + 1]`` of those."""
+    n_steps = offsets.shape[0] - 1
+    order = np.empty(rank.shape[0], dtype=np.int64)
+    first = np.zeros((n_steps, n_bins + 1), dtype=np.int64)
+    fill = np.empty(n_bins, dtype=np.int64)
+    for k in range(n_steps):
+        a, b = offsets[k], offsets[k + 1]
+        for i in range(a, b):
+            first[k, rank[i] * microbatches + microbatch[i] + 1] += 1
+        for j in range(n_bins):
+            first[k, j + 1] += first[k, j]
+            fill[j] = a + first[k, j]
+        for i in range(a, b):
+            key = rank[i] * microbatches + microbatch[i]
+            order[fill[key]] = i - a
+            fill[key] += 1
+    return order, first
+
+
+def step_groups_ref(rank, microbatch, offsets, microbatches, n_bins):
+    """Plain twin of ``step_groups``: a stable argsort and a bincount per step."""
+    order, first = [], []
+    for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
+        bins = rank[a:b].astype(np.int64) * microbatches + microbatch[a:b]
+        order.append(np.argsort(bins, kind="stable"))
+        first.append(np.concatenate([[0], np.cumsum(np.bincount(bins, minlength=n_bins))]))
+    return (np.concatenate([np.zeros(0, dtype=np.int64), *order]).astype(np.int64),
+            np.array(first, dtype=np.int64).reshape(len(offsets) - 1, n_bins + 1))
 
 
 _PAIRWISE_BLOCK = 128  # NumPy's PW_BLOCKSIZE

@@ -53,6 +53,7 @@ import numba
 import numpy as np
 
 from balancer import Plan, StepError
+from balancer.plan import plan_groups
 from balancer.locality import warm_up as locality_warm_up
 from loader.stages.clean import DROP_LAST, REASONS, VALID, UnitMeta
 from loader.config import LoaderConfig
@@ -324,27 +325,30 @@ class EpochRun:
         """``window``'s samples regrouped into its steps by :meth:`BatchSpec.composition`; the first ``carried``,
         rows carried from the block before, stay in the first step wherever that costs no time."""
         sizes = np.array([len(b.lengths) for b in window], dtype=np.int64)
-        unit, row, lengths, home = (np.concatenate([getattr(b, key) for b in window])
-                                    for key in ("unit", "row", "lengths", "home"))
+        lengths = np.concatenate([b.lengths for b in window])
         composition = self.config.composition(lengths, sizes, carried=carried)
-        moved = composition.moved()
+        order = composition.order()  # (N,) the composed steps' samples, step after step: one gather per column
+        unit, row, home = (np.concatenate([getattr(b, key) for b in window])[order] for key in ("unit", "row", "home"))
+        lengths, moved = lengths[order], composition.moved()[order]
         steps = []
-        for k, (batch, members) in enumerate(zip(window, composition.members())):
+        for k, (batch, a, b) in enumerate(zip(window, np.cumsum(sizes) - sizes, np.cumsum(sizes))):
             cursor, first = (batch.cursor, batch.step + 1) if k == len(window) - 1 else (start, window[0].step)
-            steps.append(Batch(batch.epoch, batch.step, cursor, unit[members], row[members], lengths[members],
-                               home[members], moved[members], batch.counts, window_start=first))
+            steps.append(Batch(batch.epoch, batch.step, cursor, unit[a:b], row[a:b], lengths[a:b], home[a:b],
+                               moved[a:b], batch.counts, window_start=first))
         return steps
 
     def _planned(self, window: list[Batch]) -> list[PlannedStep]:
         """The window's steps planned: all in one :meth:`BatchSpec.plan_steps` call, or one by one where the plans
         are locality-aware."""
         if self.layout is not None and self.config.locality:
-            return [self._planned_step(batch, *self._plan_local(batch)) for batch in window]
+            return [self._planned_step(batch, plan, seconds, plan.groups())
+                    for batch in window for plan, seconds in [self._plan_local(batch)]]
         try:
             plans = self.config.plan_steps([batch.lengths for batch in window])
         except StepError as exc:
             raise _unplannable(window[exc.step], exc) from exc
-        return [self._planned_step(batch, plan, plan.seconds) for batch, plan in zip(window, plans)]
+        return [self._planned_step(batch, plan, plan.seconds, groups)
+                for batch, plan, groups in zip(window, plans, plan_groups(plans))]
 
     def _plan_local(self, batch: Batch) -> tuple[Plan, float]:
         """``batch`` planned with its samples' home nodes, and the seconds that took."""
@@ -355,8 +359,8 @@ class EpochRun:
             raise _unplannable(batch, exc) from exc
         return plan, time.perf_counter() - started
 
-    def _planned_step(self, batch: Batch, plan: Plan, seconds: float) -> PlannedStep:
-        order, bins = plan.groups()
+    def _planned_step(self, batch: Batch, plan: Plan, seconds: float, groups: tuple[np.ndarray, np.ndarray]) -> PlannedStep:
+        order, bins = groups  # plan.groups()
         crossing = (0, 0)
         if self.layout is not None:
             away = batch.home != self.layout.rank_node[plan.rank]  # (n,)

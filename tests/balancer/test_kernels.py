@@ -388,6 +388,59 @@ def test_bin_totals_match_reference(data):
         np.testing.assert_array_equal(got, ref)
 
 
+def _window(data, ranks, microbatches):
+    """A window of steps (some empty) with random bins: (rank, microbatch int32, costs, lengths, offsets)."""
+    sizes = data.draw(st.lists(st.integers(0, 30), min_size=1, max_size=6))
+    n = sum(sizes)
+    lengths = np.asarray(data.draw(st.lists(st.integers(1, 500), min_size=n, max_size=n)), dtype=np.int64)
+    rank = np.asarray(data.draw(st.lists(st.integers(0, ranks - 1), min_size=n, max_size=n)), dtype=np.int32)
+    microbatch = np.asarray(data.draw(st.lists(st.integers(0, microbatches - 1), min_size=n, max_size=n)),
+                            dtype=np.int32)
+    offsets = np.cumsum([0, *sizes], dtype=np.int64)
+    return rank, microbatch, lengths.astype(np.float64) ** 2 / 7.0, lengths, offsets
+
+
+@given(st.data())
+@settings(max_examples=60, deadline=None)
+def test_step_totals_match_reference_and_each_steps_own_totals(data):
+    ranks, microbatches = data.draw(st.integers(1, 5)), data.draw(st.integers(1, 4))
+    rank, microbatch, costs, lengths, offsets = _window(data, ranks, microbatches)
+    steps = np.flatnonzero(data.draw(st.lists(st.booleans(), min_size=len(offsets) - 1, max_size=len(offsets) - 1)))
+    max_tokens = data.draw(st.sampled_from([-1, 100, 2500]))
+    args = (rank, microbatch, costs, lengths, offsets, steps, ranks, microbatches, max_tokens)
+    got, ref = T.step_totals(*args), T.step_totals_ref(*args)
+    for mine, theirs in zip(got, ref):
+        np.testing.assert_array_equal(mine, theirs)
+    loads, tokens, counts, scores, tallies = got
+    for s, k in enumerate(steps.tolist()):  # each step alone, as plan() totals and summarises it
+        a, b = offsets[k], offsets[k + 1]
+        alone = T.bin_totals(rank[a:b], microbatch[a:b], costs[a:b], lengths[a:b], ranks, microbatches)
+        for mine, theirs in zip((loads[s], tokens[s], counts[s]), alone):
+            np.testing.assert_array_equal(mine, theirs)
+        summary = T.summary(*alone, max_tokens)
+        assert (*scores[s, :4].tolist(), *tallies[s].tolist()) == summary
+        assert scores[s, 4] == costs[a:b].max(initial=0.0)
+
+
+@given(st.data())
+@settings(max_examples=60, deadline=None)
+def test_step_groups_match_reference_and_group_each_step_by_bin(data):
+    ranks, microbatches = data.draw(st.integers(1, 5)), data.draw(st.integers(1, 4))
+    rank, microbatch, _, _, offsets = _window(data, ranks, microbatches)
+    n_bins = ranks * microbatches
+    order, first = T.step_groups(rank, microbatch, offsets, microbatches, n_bins)
+    ref_order, ref_first = T.step_groups_ref(rank, microbatch, offsets, microbatches, n_bins)
+    np.testing.assert_array_equal(order, ref_order)
+    np.testing.assert_array_equal(first, ref_first)
+    for k, (a, b) in enumerate(zip(offsets[:-1], offsets[1:])):
+        mine = order[a:b]
+        assert sorted(mine.tolist()) == list(range(b - a))  # every sample of the step once
+        for j in range(n_bins):  # bin j's samples, ascending
+            members = mine[first[k, j] : first[k, j + 1]]
+            assert (rank[a + members].astype(np.int64) * microbatches + microbatch[a + members] == j).all()
+            assert (np.diff(members) > 0).all()
+
+
 @given(st.data())
 @settings(max_examples=80, deadline=None)
 def test_summary_matches_reference(data):

@@ -11,6 +11,7 @@ import balancer
 from balancer import CostModel, StepError, plan, plan_steps
 from balancer.balanced import settled_steps
 from balancer.compose import compose
+from balancer.plan import plan_groups
 from balancer.registry import Objective
 
 
@@ -22,8 +23,14 @@ def assert_same_plans(steps, lengths, sizes, **kwargs):
         np.testing.assert_array_equal(got.rank, want.rank, err_msg=f"step {k}")
         np.testing.assert_array_equal(got.microbatch, want.microbatch, err_msg=f"step {k}")
         np.testing.assert_array_equal(got.loads, want.loads)
+        np.testing.assert_array_equal(got.tokens, want.tokens)
+        np.testing.assert_array_equal(got.counts, want.counts)
         assert got.metrics == want.metrics, k
         assert got.method == want.method
+    for got, (order, first) in zip(steps, plan_groups(steps)):  # each step's bins, from the window's one call
+        bins = got.rank.astype(np.int64) * got.microbatches + got.microbatch
+        np.testing.assert_array_equal(order, np.argsort(bins, kind="stable"))
+        np.testing.assert_array_equal(first, np.cumsum([0, *np.bincount(bins, minlength=len(first) - 1)]))
 
 
 @st.composite
