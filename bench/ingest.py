@@ -76,7 +76,10 @@ item ids only) and must deliver every row and token of the dataset (checked; a m
 
 Timing: per contender and dataset, ``--warmups`` untimed passes (default 1: starts Ray workers, warms the page
 cache and imports), then ``--repeats`` timed passes (default 2; MovieLens at least 5); the table shows the best
-(fastest) pass, the JSON keeps all. A pass runs from constructing the reader/dataset/loader (Ray already running)
+(fastest) pass, the JSON keeps all. With ``--rounds N`` all of that runs N times, contender after contender (every
+other round in reverse order: A B C, C B A, ...), and each ratio's verdict is the median of the N rounds' ratios,
+a pass beside its anchor's pass of the same round (a shared machine drifts over minutes: SPDL's CPU-s per row on
+``short`` moved from 2.1 to 2.9 within one hour, 2026-11-29); the table's row is still the best round's. A pass runs from constructing the reader/dataset/loader (Ray already running)
 to the last batch; closing the loader is neither timed nor counted in CPU. ``1st s`` = time to first batch: until
 every consumer (each rank, each split) holds its first batch, when a lockstep step 1 could start. The first
 batch of each warm-up pass is printed below the row (and kept as ``warmup_first_batch_s``): ours' first warm-up
@@ -118,6 +121,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import statistics
 import logging
 import math
 import os
@@ -1020,6 +1024,45 @@ def print_row(row: dict) -> None:
             print(f"{'':>20}{label}: " + ", ".join(f"{k} {v:.2f}" for k, v in row[key].items()), flush=True)
 
 
+def contender_turns(contenders: list[str], rounds: int) -> list[tuple[int, str]]:
+    """(round, contender) in the order they run: every contender once a round, every other round in reverse order
+    (A B C, C B A, A B C, ...), so that a contender's passes and its anchor's sit side by side and a drift of the
+    machine over the run weighs on both alike."""
+    return [(turn, name) for turn in range(rounds) for name in (contenders if turn % 2 == 0 else contenders[::-1])]
+
+
+def merge_rounds(rows: list[dict]) -> dict:
+    """One contender's row over its rounds (one :func:`measure` each): the best (fastest) round's figures, memory
+    peaks over all, every pass's wall and CPU, and ``rounds``: each round's rows/s, CPU-s per row and first batch,
+    which :func:`verdicts` pairs with the anchor's same round. A round that failed makes the row that failure."""
+    if len(rows) == 1:
+        return rows[0]
+    failed = [row for row in rows if not row["available"] or row["error"]]
+    if failed:
+        return failed[0]
+    best = min(rows, key=lambda row: row["wall_s"])
+    merged = {**best, "rounds": [{key: row[key] for key in ROUND_FIELDS} for row in rows],
+              "runs": f"best of {len(rows)} rounds ({rows[0]['runs']} each)"}
+    for key in ("peak_mem_mib", "mem_rise_mib", "peak_rss_mib"):
+        merged[key] = max(row[key] for row in rows)
+    for key in ("all_walls_s", "all_cpu_s", "all_foreign_cpu_s", "warmup_first_batch_s"):
+        merged[key] = [value for row in rows for value in row[key]]
+    merged["complete"] = all(row["complete"] for row in rows)
+    return merged
+
+
+ROUND_FIELDS = ("rows_per_s", "cpu_s_per_row", "first_batch_s", "wall_s")
+
+
+def paired(mine: dict, theirs: dict, field: str) -> list[float] | None:
+    """``field`` of ``mine`` over ``theirs`` round by round (both run in rounds; :func:`merge_rounds`), or None."""
+    if "rounds" not in mine or "rounds" not in theirs or len(mine["rounds"]) != len(theirs["rounds"]):
+        return None
+    if any(not r.get(field) or m.get(field) is None for m, r in zip(mine["rounds"], theirs["rounds"])):
+        return None
+    return [m[field] / r[field] for m, r in zip(mine["rounds"], theirs["rounds"])]
+
+
 def checks() -> list[tuple[str, str, str, str, str | None, float, str, str | None]]:
     """(key, label, contender, field, against (None: an absolute figure), bound, kind, only on this dataset (None:
     every one)). Kind ``target``: issue 28's; ``issue16``: the earlier anchors (issues 16 and 18)."""
@@ -1055,8 +1098,8 @@ def checks() -> list[tuple[str, str, str, str, str | None, float, str, str | Non
 def verdicts(rows: list[dict], datasets: list[dict]) -> dict:
     """PASS/FAIL of every check whose contenders ran, on every synthetic shape; for information on MovieLens."""
     out: dict = {"datasets": {}}
-    print("\n== targets (issue 28, then issues 16/18; best pass of each; CPU-s per row of the whole process tree)",
-          flush=True)
+    print("\n== targets (issue 28, then issues 16/18; best pass of each, with --rounds the median of the rounds' ratios; "
+          "CPU-s per row of the whole process tree)", flush=True)
     for ds in datasets:
         mine = {r["contender"]: r for r in rows if r["dataset"] == ds["name"]}
         got = {name: r for name, r in mine.items() if r["available"] and not r["error"]}
@@ -1074,11 +1117,20 @@ def verdicts(rows: list[dict], datasets: list[dict]) -> dict:
                 entry[key] = {"value": None, "bound": bound, "op": op, "kind": kind, "verdict": why.split()[0]}
                 print(f"{ds['name']}: {label}: {why}", flush=True)
                 continue
-            value = ours[field] / rival[field]
+            value = best = ours[field] / rival[field]
+            by_round = paired(ours, rival, field) if against else None
+            if by_round:  # rounds: the median of each round's ratio, its passes side by side
+                value = statistics.median(by_round)
             passed = value <= bound if lower_is_better else value >= bound
             verdict = ("PASS" if passed else "FAIL") if ds["name"] in SHAPES else "INFO"
             entry[key] = {"value": value, "bound": bound, "op": op, "kind": kind, "verdict": verdict}
-            print(f"{ds['name']}: {label} = {value:.2f}{unit} ({kind} {op} {bound:g}{unit}): {verdict}", flush=True)
+            how = ""
+            if by_round:
+                entry[key].update(best_passes=best, rounds=by_round)
+                how = (f" (median of {len(by_round)} rounds: {', '.join(f'{r:.2f}' for r in by_round)}; best passes "
+                       f"{best:.2f}{unit})")
+            print(f"{ds['name']}: {label} = {value:.2f}{unit}{how} ({kind} {op} {bound:g}{unit}): {verdict}",
+                  flush=True)
         floor = got.get("floor")
         for rival in ("spdl", *ANCHORS):
             if rival in got and floor:
@@ -1133,6 +1185,9 @@ def parse_args(argv) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0, help="seed of the synthetic sets and of ours' epoch order (default 0)")
     ap.add_argument("--repeats", type=int, default=None, help="timed passes per contender after the warm-up "
                     "(default 2; MovieLens at least 5; --quick 1)")
+    ap.add_argument("--rounds", type=int, default=1, help="measure every contender this many times in turn (warm-ups "
+                    "and repeats each time; every other round in reverse order); each ratio's verdict is then the "
+                    "median of its rounds' ratios, a contender's passes beside its anchor's (default 1)")
     ap.add_argument("--columns", choices=("all", "items"), default="all",
                     help="decode user id + every list column (all) or user id + item ids (items)")
     ap.add_argument("--reader-nice", type=int, default=None, help="ours' reader_nice (default: the loader's, "
@@ -1167,7 +1222,7 @@ def parse_args(argv) -> argparse.Namespace:
     for flag, value, least in (("--ranks", args.ranks, 1), ("--microbatches", args.microbatches, 1),
                                ("--num-cpus", args.num_cpus, 1), ("--warmups", args.warmups, 0),
                                ("--repeats", args.repeats, 1), ("--ray-prefetch", args.ray_prefetch, 0),
-                               ("--named-epochs", args.named_epochs, 1)):
+                               ("--named-epochs", args.named_epochs, 1), ("--rounds", args.rounds, 1)):
         if value is not None and value < least:
             ap.error(f"{flag} must be >= {least}, got {value}")
     smallest_g = min([args.samples_per_step] + [MOVIELENS_G] * ("movielens" in args.datasets))
@@ -1285,7 +1340,12 @@ def main(argv=None) -> dict:
                   f"per row), columns {cols}, G={G} (raysplit {G // args.ranks} per split), R={args.ranks} x "
                   f"M={args.microbatches}, best of {n_rep} after {args.warmups} warm-up pass(es)", flush=True)
             print(HEADER, flush=True)
-            for name in args.contenders:
+            rounds: dict[str, list[dict]] = {name: [] for name in args.contenders}
+            shown = 0
+            for turn, name in contender_turns(args.contenders, args.rounds):
+                if turn != shown:
+                    print(f"-- round {turn + 1} of {args.rounds}", flush=True)
+                    shown = turn
                 base = {"dataset": ds["name"], "contender": name, "samples_per_step": G, "columns": cols}
                 if name.startswith("ours") and not have_ours:
                     row = {**base, "available": False, "error": None, "reason": why_not}
@@ -1299,7 +1359,7 @@ def main(argv=None) -> dict:
                         row = {**base, "available": True, "error": f"{type(exc).__name__}: {exc}"}
                     finally:
                         close_rank_processes()
-                result_rows.append(row)
+                rounds[name].append(row)
                 print_row(row)
                 if row.get("warmup_first_batch_s"):
                     print(f"          {name} first batch in the warm-up pass(es): "
@@ -1311,6 +1371,7 @@ def main(argv=None) -> dict:
                 if name == "ours" and row.get("stats") is not None and not row["error"]:
                     print(f"          ours stats(): {json.dumps(row['stats'], default=str)[:1500]}; delivered "
                           f"fields {row.get('delivered_fields')}", flush=True)
+            result_rows += [merge_rounds(rows) for rows in rounds.values()]
     finally:
         close_rank_processes()
         ray.shutdown()
@@ -1324,7 +1385,8 @@ def main(argv=None) -> dict:
               "config": {"rows": args.rows, "seed": args.seed, "ranks": args.ranks, "microbatches": args.microbatches,
                          "samples_per_step": args.samples_per_step, "movielens_samples_per_step": MOVIELENS_G,
                          "raysplit_batch_size": args.samples_per_step // args.ranks, "num_cpus": args.num_cpus,
-                         "warmup_passes": args.warmups, "repeats": args.repeats, "columns": args.columns,
+                         "warmup_passes": args.warmups, "repeats": args.repeats, "rounds": args.rounds,
+                         "columns": args.columns,
                          "ray_prefetch_batches": args.ray_prefetch, "quiet_wait_s": args.quiet_wait,
                          "quiet_cores": args.quiet_cores, "data_dir": str(args.data_dir), "reader_nice": args.reader_nice,
                          "shuffle_window": args.shuffle_window},

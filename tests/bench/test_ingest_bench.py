@@ -156,3 +156,38 @@ def test_shuffle_window_reaches_the_loaders_of_ours(monkeypatch):
         with pytest.raises(Stop):
             bench_ingest.run_ours(ds, [], bench_ingest.run_config(bench_ingest.parse_args(argv), "short"), {})
         assert seen[-1].get("shuffle_window") == want
+
+
+def _row(contender: str, rows_per_s: float, cpu_s_per_row: float, wall_s: float, first: float = 0.5) -> dict:
+    """A measured row as :func:`measure` returns it, with the fields the rounds and verdicts read."""
+    return {"dataset": "short", "contender": contender, "available": True, "error": None, "complete": True,
+            "rows_per_s": rows_per_s, "cpu_s_per_row": cpu_s_per_row, "first_batch_s": first, "wall_s": wall_s,
+            "peak_mem_mib": wall_s, "mem_rise_mib": 1.0, "peak_rss_mib": 2.0, "all_walls_s": [wall_s],
+            "all_cpu_s": [1.0], "all_foreign_cpu_s": [0.0], "warmup_first_batch_s": [first], "runs": "best of 1"}
+
+
+def test_rounds_alternate_and_each_ratio_is_the_median_of_its_rounds(capsys):
+    assert bench_ingest.contender_turns(["spdl", "ours", "named2"], 3) == [
+        (0, "spdl"), (0, "ours"), (0, "named2"), (1, "named2"), (1, "ours"), (1, "spdl"),
+        (2, "spdl"), (2, "ours"), (2, "named2")]
+    # the machine drifts: spdl's passes speed up while ours' passes stay beside them
+    spdl = bench_ingest.merge_rounds([_row("spdl", 100.0, 3.0, 3.0), _row("spdl", 150.0, 2.0, 2.0),
+                                      _row("spdl", 90.0, 3.3, 3.3)])
+    ours = bench_ingest.merge_rounds([_row("ours", 95.0, 3.3, 3.2), _row("ours", 120.0, 2.6, 2.5),
+                                      _row("ours", 88.0, 3.5, 3.4)])
+    assert ours["wall_s"] == 2.5 and ours["all_walls_s"] == [3.2, 2.5, 3.4] and ours["peak_mem_mib"] == 3.4
+    assert [r["rows_per_s"] for r in ours["rounds"]] == [95.0, 120.0, 88.0]
+    entry = bench_ingest.verdicts([spdl, ours], [{"name": "short"}])["datasets"]["short"]
+    rows, cpu = entry["ours_vs_spdl_rows_per_s"], entry["ours_vs_spdl_cpu_per_row"]
+    assert rows["rounds"] == pytest.approx([0.95, 0.8, 88 / 90]) and rows["value"] == pytest.approx(0.95)
+    assert rows["best_passes"] == pytest.approx(0.8) and rows["verdict"] == "PASS"  # the best passes alone: FAIL
+    assert cpu["value"] == pytest.approx(3.3 / 3.0) and cpu["verdict"] == "PASS"
+    assert cpu["best_passes"] == pytest.approx(1.3)
+    assert "median of 3 rounds: 0.95, 0.80, 0.98" in capsys.readouterr().out
+
+
+def test_a_failed_round_is_the_contenders_row():
+    failed = {**_row("ours", 1.0, 1.0, 1.0), "error": "RuntimeError: lost"}
+    assert bench_ingest.merge_rounds([_row("ours", 2.0, 1.0, 1.0), failed])["error"] == "RuntimeError: lost"
+    one = _row("ours", 2.0, 1.0, 1.0)
+    assert bench_ingest.merge_rounds([one]) is one and "rounds" not in one
