@@ -74,20 +74,21 @@ each batch into the same jagged torch tensors (user ids, and per list column val
 Every contender decodes the same columns (``--columns all``: user id and every list column; ``items``: user id and
 item ids only) and must deliver every row and token of the dataset (checked; a mismatch is reported).
 
-Timing: per contender and dataset, ``--warmups`` untimed passes (default 1: starts Ray workers, warms the page
-cache and imports), then ``--repeats`` timed passes (default 2; MovieLens at least 5); the table shows the best
-(fastest) pass, the JSON keeps all. With ``--rounds N`` all of that runs N times, contender after contender (every
-other round in reverse order: A B C, C B A, ...), and each ratio's verdict is the median of the N rounds' ratios,
-a pass beside its anchor's pass of the same round (a shared machine drifts over minutes: SPDL's CPU-s per row on
-``short`` moved from 2.1 to 2.9 within one hour, 2026-11-29); the table's row is still the best round's. A pass runs from constructing the reader/dataset/loader (Ray already running)
-to the last batch; closing the loader is neither timed nor counted in CPU. ``1st s`` = time to first batch: until
-every consumer (each rank, each split) holds its first batch, when a lockstep step 1 could start. The first
-batch of each warm-up pass is printed below the row (and kept as ``warmup_first_batch_s``): ours' first warm-up
-pass on the first dataset is the process's first loader, whose reader actors start cold; later loaders of the
-process reuse them (docs/loader.md, "Warm readers"). Before any contender the planner's numba kernels are loaded
-once in a process of their own (``warm_kernels``): on a machine whose ``NUMBA_CACHE_DIR`` does not hold them yet
-that compiles them (about a minute), which leaves about 290 MiB of LLVM's in the process that compiles, and which
-ours' memory rise would otherwise count on a first run only (2026-11-27: 1,611 MiB compiling, 1,222-1,276 after).
+Timing: per contender and dataset, ``--warmups`` untimed passes (default 1: starts Ray workers, warms the page cache
+and imports), then ``--repeats`` timed passes (default 2; MovieLens at least 5); the table shows the best (fastest)
+pass, the JSON keeps all. With ``--rounds N`` all of that runs N times, contender after contender (every other round
+in reverse order: A B C, C B A, ...), and each ratio's verdict is the median of the N rounds' ratios, a pass beside
+its anchor's pass of the same round (a shared machine drifts over minutes: SPDL's CPU-s per row on ``short`` moved
+from 2.1 to 2.9 within one hour, 2026-11-29); the table's row is still the best round's. A pass runs from
+constructing the reader/dataset/loader (Ray already running) to the last batch; closing the loader is neither timed
+nor counted in CPU. ``1st s`` = time to first batch: until every consumer (each rank, each split) holds its first
+batch, when a lockstep step 1 could start. The first batch of each warm-up pass is printed below the row (and kept as
+``warmup_first_batch_s``): ours' first warm-up pass on the first dataset is the process's first loader, whose reader
+actors start cold; later loaders of the process reuse them (docs/loader.md, "Warm readers"). Before any contender the
+planner's numba kernels are loaded once in a process of their own (``warm_kernels``): on a machine whose
+``NUMBA_CACHE_DIR`` does not hold them yet that compiles them (about a minute), which leaves about 290 MiB of LLVM's
+in the process that compiles, and which ours' memory rise would otherwise count on a first run only (2026-11-27:
+1,611 MiB compiling, 1,222-1,276 after).
 
 CPU: utime + stime of this process and all its descendants (Ray's GCS, raylet, workers and actors, idle ones
 included) over the pass; ``CPU s/Mrow`` = CPU-seconds per million delivered rows, ``cores`` = CPU s / wall s (the

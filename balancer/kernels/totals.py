@@ -104,7 +104,8 @@ def step_totals(rank, microbatch, costs, lengths, offsets, steps, ranks, microba
         costliest = 0.0
         for i in range(a, b):
             costliest = max(costliest, costs[i])
-        scores[s, 0], scores[s, 1], scores[s, 2], scores[s, 3], scores[s, 4] = total, peak, lockstep, rank_max, costliest
+        scores[s, 0], scores[s, 1], scores[s, 2], scores[s, 3] = total, peak, lockstep, rank_max
+        scores[s, 4] = costliest
         tallies[s, 0], tallies[s, 1], tallies[s, 2], tallies[s, 3] = violations, tokens_max, per_rank_min, per_rank_max
     return loads, tokens, counts, scores, tallies
 

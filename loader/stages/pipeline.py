@@ -53,8 +53,8 @@ import numba
 import numpy as np
 
 from balancer import Plan, StepError
-from balancer.plan import plan_groups
 from balancer.locality import warm_up as locality_warm_up
+from balancer.plan import plan_groups
 from loader.stages.clean import DROP_LAST, REASONS, VALID, UnitMeta
 from loader.config import LoaderConfig
 from loader.stages.nodes import NodeLayout
@@ -341,8 +341,11 @@ class EpochRun:
         """The window's steps planned: all in one :meth:`BatchSpec.plan_steps` call, or one by one where the plans
         are locality-aware."""
         if self.layout is not None and self.config.locality:
-            return [self._planned_step(batch, plan, seconds, plan.groups())
-                    for batch in window for plan, seconds in [self._plan_local(batch)]]
+            steps = []
+            for batch in window:
+                plan, seconds = self._plan_local(batch)
+                steps.append(self._planned_step(batch, plan, seconds, plan.groups()))
+            return steps
         try:
             plans = self.config.plan_steps([batch.lengths for batch in window])
         except StepError as exc:
@@ -359,8 +362,11 @@ class EpochRun:
             raise _unplannable(batch, exc) from exc
         return plan, time.perf_counter() - started
 
-    def _planned_step(self, batch: Batch, plan: Plan, seconds: float, groups: tuple[np.ndarray, np.ndarray]) -> PlannedStep:
-        order, bins = groups  # plan.groups()
+    def _planned_step(self, batch: Batch, plan: Plan, seconds: float,
+                      groups: tuple[np.ndarray, np.ndarray]) -> PlannedStep:
+        """``batch`` as planned by ``plan`` in ``seconds``; ``groups`` is ``plan.groups()`` (or its window's
+        :func:`balancer.plan.plan_groups`)."""
+        order, bins = groups
         crossing = (0, 0)
         if self.layout is not None:
             away = batch.home != self.layout.rank_node[plan.rank]  # (n,)
