@@ -1032,6 +1032,9 @@ def contender_turns(contenders: list[str], rounds: int) -> list[tuple[int, str]]
     return [(turn, name) for turn in range(rounds) for name in (contenders if turn % 2 == 0 else contenders[::-1])]
 
 
+ROUND_FIELDS = ("rows_per_s", "cpu_s_per_row", "first_batch_s", "wall_s")  # kept of each round
+
+
 def merge_rounds(rows: list[dict]) -> dict:
     """One contender's row over its rounds (one :func:`measure` each): the best (fastest) round's figures, memory
     peaks over all, every pass's wall and CPU, and ``rounds``: each round's rows/s, CPU-s per row and first batch,
@@ -1051,8 +1054,6 @@ def merge_rounds(rows: list[dict]) -> dict:
     merged["complete"] = all(row["complete"] for row in rows)
     return merged
 
-
-ROUND_FIELDS = ("rows_per_s", "cpu_s_per_row", "first_batch_s", "wall_s")
 
 
 def paired(mine: dict, theirs: dict, field: str) -> list[float] | None:
