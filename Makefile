@@ -26,8 +26,7 @@ demo: $(STAMP)
 # Two parts: the suite without the tests marked `serial`, then those alone (they time the wall clock, or look for any
 # Ray on the machine). The first part runs on TEST_WORKERS processes (pytest-xdist, one test file per process at a
 # time; 0: in this process), after `freescale warm` has compiled the loader's kernels into NUMBA_CACHE_DIR once
-# rather than every test process and Ray worker compiling them at once: 13:38 -> 1:35 + 9:26 on two cores
-# (docs/benchmarks.md, twenty-fifth session).
+# rather than every test process and Ray worker compiling them at once (docs/benchmarks.md, twenty-fifth session).
 TEST_WORKERS ?= 2
 test: $(STAMP) browser
 	$(BIN)/freescale warm

@@ -264,11 +264,10 @@ def _settled_plans(entry: Registered, lengths: np.ndarray, costs: np.ndarray, of
                    seconds: float) -> dict[int, Plan]:
     """The plans of the steps ``settled`` (K,) by the kernel, by step: what :func:`_assemble` makes of each, their
     totals and summaries in one kernel call (``totals.step_totals``, the same sums as ``bin_totals`` and
-    ``summary`` step by step)."""
+    ``summary`` step by step). Called with one settled step at least; the kernel settles no empty step."""
     steps = np.flatnonzero(settled)
     taken = np.repeat(settled, np.diff(offsets))  # (N,) samples of the settled steps
-    if taken.any() and (rank[taken].min() < 0 or rank[taken].max() >= R or slot[taken].min() < 0
-                        or slot[taken].max() >= M):
+    if rank[taken].min() < 0 or rank[taken].max() >= R or slot[taken].min() < 0 or slot[taken].max() >= M:
         raise RuntimeError(f"planner {entry.name!r} returned a bin outside {R} x {M}")
     rank, slot = rank.astype(np.int32), slot.astype(np.int32)
     loads, tokens, counts, scores, tallies = step_totals(rank, slot, costs, lengths, offsets, steps, R, M,

@@ -330,8 +330,9 @@ class EpochRun:
         order = composition.order()  # (N,) the composed steps' samples, step after step: one gather per column
         unit, row, home = (np.concatenate([getattr(b, key) for b in window])[order] for key in ("unit", "row", "home"))
         lengths, moved = lengths[order], composition.moved()[order]
+        ends = np.cumsum(sizes)
         steps = []
-        for k, (batch, a, b) in enumerate(zip(window, np.cumsum(sizes) - sizes, np.cumsum(sizes))):
+        for k, (batch, a, b) in enumerate(zip(window, ends - sizes, ends)):
             cursor, first = (batch.cursor, batch.step + 1) if k == len(window) - 1 else (start, window[0].step)
             steps.append(Batch(batch.epoch, batch.step, cursor, unit[a:b], row[a:b], lengths[a:b], home[a:b],
                                moved[a:b], batch.counts, window_start=first))
