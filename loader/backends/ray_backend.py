@@ -112,6 +112,7 @@ class RayReaders:
         self.ready = asyncio.Event()
         self.inflight: set[ray.ObjectRef] = set()  # reads sent and not answered yet
         self.silent: dict[str, float] = {}  # node -> since when its readers have not answered a liveness check
+        self.passes: dict[int, int] = {}  # row group -> the reader its parts go to, while some are still to read
 
     def set(self, readers: list, nodes: list[str]) -> None:
         """The readers, and the node each is pinned to."""
@@ -172,9 +173,23 @@ class RayReaders:
             return Fetched(meta, Held(ref, i, pid, self.nodes[i]), self.nodes[i])
 
         candidates = self._on(node)
-        # the parts of a row group on one reader of the node, which decodes them in one pass
-        prefer = None if self.index.units[unit].whole else candidates[self.groups[unit] % len(candidates)]
+        u = self.index.units[unit]
+        prefer = None if u.whole else self._pass_reader(int(self.groups[unit]), candidates, last=u.part == u.parts - 1)
         return await self._call(candidates, self.index.describe(unit), read, prefer)
+
+    def _pass_reader(self, group: int, candidates: list[int], *, last: bool) -> int:
+        """The reader of ``candidates`` for the next part of row group ``group``: the one that read its other parts
+        (it decodes them in one pass over the row group), else the least busy, as for a whole row group (a fixed
+        reader per row group put a shuffle block's first units on one reader while the other read ahead: the first
+        step waited for both in turn). ``last``: the row group's last part, whose reader is then forgotten."""
+        reader = self.passes.get(group)
+        if reader not in candidates:
+            reader = min(candidates, key=lambda i: (self.busy[i], i))
+        if last:
+            self.passes.pop(group, None)
+        else:
+            self.passes[group] = reader
+        return reader
 
     async def pack(self, node, pieces: dict, handles: dict[int, Held]) -> Packed | Lost:
         """Pack ``pieces`` on a reader of ``node``, where ``handles``' rows are held."""

@@ -1,5 +1,6 @@
 """SequenceLoader on the Ray backend, one local Ray session for the module (loopback only)."""
 
+import asyncio
 import gc
 import os
 import subprocess
@@ -8,6 +9,7 @@ import threading
 import time
 import warnings
 
+import numpy as np
 import pytest
 import ray
 from ray.exceptions import ActorUnavailableError
@@ -18,6 +20,7 @@ from loader.errors import RankLost
 from loader.control.protocol import Step
 from loader.backends.ray_backend import NAMESPACE, coordinator_name
 from loader.backends.reader import shutdown_readers
+from loader.config import LoaderConfig
 from loader.contract import sources
 from analysis.synth import write_synthetic
 
@@ -243,6 +246,59 @@ def test_row_groups_in_parts_through_reader_actors_even_when_they_die(ray_addres
     assert histories(taken) == source_histories(data)
     with SequenceLoader(data, backend="inline", **kwargs) as inline:
         assert collect(inline) == taken
+
+
+class _FakeReader:
+    """A reader actor whose ``read`` answers once the test lets it: ``calls`` holds (unit asked for, its answer)."""
+
+    def __init__(self, units: dict) -> None:
+        self.calls: list[tuple[int, asyncio.Future]] = []
+        self.units = units  # (path, row group, first row) -> unit id
+        self.read = self
+
+    def remote(self, spec, *args) -> asyncio.Future:
+        unit = spec.units[0]
+        answer = asyncio.get_running_loop().create_future()
+        self.calls.append((self.units[spec.files[0].path, unit.row_group, unit.start], answer))
+        return answer
+
+
+def test_a_row_groups_parts_go_to_one_reader_the_least_busy_one(data, monkeypatch):
+    """A row group's parts are read by one reader (its pass decodes them in order), picked as a whole row group's
+    is: the least busy. A fixed reader per row group put a shuffle block's whole row group and a part on one reader
+    while the other only read ahead, so the first step waited for both in turn."""
+    monkeypatch.setattr(sources, "PART_BYTES", 2**62)
+    sizes = sorted(u.nbytes for u in sources.index_source(data).units)
+    monkeypatch.setattr(sources, "PART_BYTES", sizes[len(sizes) // 2])  # the larger half of the row groups in parts
+    index = sources.index_source(data)
+    groups = index.groups
+    parted = [np.flatnonzero(groups == g).tolist() for g in range(int(groups[-1]) + 1) if (groups == g).sum() >= 2]
+    whole = [u for u, unit in enumerate(index.units) if unit.whole]
+    assert len(parted) >= 2 and whole, "the data must hold row groups in parts and a whole one"
+    # first a row group of an even id: where the reader was fixed by row group (id modulo readers), the busy one
+    parted.sort(key=lambda units: int(groups[units[0]]) % 2)
+    units = {(index.files[u.file].path, u.row_group, u.start): i for i, u in enumerate(index.units)}
+    readers = ray_backend.RayReaders(index, LoaderConfig.of({"ranks": 1, "microbatches": 1, "samples_per_step": 4}))
+    fakes = [_FakeReader(units), _FakeReader(units)]
+    readers.set(fakes, ["node", "node"])
+
+    async def run() -> None:
+        # a whole row group, then two row groups in parts: each asked for before the ones before are read
+        sent = [asyncio.ensure_future(readers.fetch(u, "node")) for u in [whole[0], *parted[0], *parted[1]]]
+        while sum(len(fake.calls) for fake in fakes) < len(sent):  # every read sent, none answered
+            await asyncio.sleep(0)
+        for fake in fakes:
+            for _, answer in fake.calls:
+                answer.set_result((None, "ref", 1))
+        await asyncio.gather(*sent)
+
+    asyncio.run(run())
+    asked = [[unit for unit, _ in fake.calls] for fake in fakes]
+    assert asked[0][0] == whole[0]  # the whole row group: the first reader (both idle)
+    assert asked[1][: len(parted[0])] == parted[0]  # the first row group's parts: the other one, in order
+    # the second row group's parts together on one reader (the least busy then), in order
+    assert parted[1] in (asked[0][1:], asked[1][len(parted[0]):])
+    assert readers.passes == {}  # every row group read to its last part: none kept
 
 
 def _when_served(call, timeout: float = 60.0):
