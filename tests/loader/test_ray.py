@@ -285,8 +285,11 @@ def test_a_row_groups_parts_go_to_one_reader_the_least_busy_one(data, monkeypatc
     async def run() -> None:
         # a whole row group, then two row groups in parts: each asked for before the ones before are read
         sent = [asyncio.ensure_future(readers.fetch(u, "node")) for u in [whole[0], *parted[0], *parted[1]]]
-        while sum(len(fake.calls) for fake in fakes) < len(sent):  # every read sent, none answered
-            await asyncio.sleep(0)
+        async def all_sent() -> None:  # every read sent, none answered yet
+            while sum(len(fake.calls) for fake in fakes) < len(sent):
+                await asyncio.sleep(0)
+
+        await asyncio.wait_for(all_sent(), 10)
         for fake in fakes:
             for _, answer in fake.calls:
                 answer.set_result((None, "ref", 1))
