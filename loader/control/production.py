@@ -1,7 +1,8 @@
 """Production: a run's steps read, planned, grouped into messages and queued for every rank.
 
 :func:`produce` reads each block's units on the readers of their home nodes (up to ``readahead``
-units ahead), plans the block's steps (:class:`loader.stages.pipeline.EpochRun`, in a worker thread, a few
+units ahead; a run's first block, where it is all parts of row groups, alone: a pass decodes parts on every core,
+and the first step waits for that block), plans the block's steps (:class:`loader.stages.pipeline.EpochRun`, in a worker thread, a few
 steps at a time: 1, 2, 4, ... so the first step goes out as soon as it is planned), and groups
 consecutive steps into messages of about ``message_bytes`` of events per rank (:class:`Messages`:
 the first message one step, then doubling). :func:`deliver` queues each group's messages in order
@@ -25,6 +26,7 @@ from loader.config import LoaderConfig
 from loader.control.protocol import End, Step
 from loader.control.routing import Sources
 from loader.control.runs import Run, drop
+from loader.contract.sources import SourceIndex
 from loader.stages.nodes import NodeLayout
 from loader.stages.pipeline import EpochRun, PlannedStep, units_in
 
@@ -62,7 +64,8 @@ async def produce(service: Service, run: Run) -> None:
         )
         for block in blocks:
             need = len(epoch_run.units(block))
-            for unit, home in itertools.islice(sequence, max(0, need + service.readahead - len(inflight))):
+            ahead = 0 if block == blocks[0] and _in_parts(service.index, epoch_run.units(block)) else service.readahead
+            for unit, home in itertools.islice(sequence, max(0, need + ahead - len(inflight))):
                 inflight.append(asyncio.ensure_future(service.readers.fetch(unit, homes.get(home))))
             reads = [await inflight.popleft() for _ in range(need)]
             sources.hold(epoch_run.units(block), reads)
@@ -168,6 +171,13 @@ class Messages:
         config = self.service.config
         messages = rank_messages(group, config.ranks, config.microbatches, self.service.index.roles)
         await self.deliveries.put((group, asyncio.ensure_future(self.sources.complete(messages, handles))))
+
+
+def _in_parts(index: SourceIndex, units: list[int]) -> bool:
+    """Whether ``units`` are all parts of row groups: a pass decodes them on pyarrow's threads, on every core, so the
+    run's first block is read before any read-ahead takes cores from it (the first step waits for that block; a whole
+    row group decodes on one thread, and the read-ahead uses the others meanwhile)."""
+    return all(not index.units[u].whole for u in units)
 
 
 def layout_of(config: LoaderConfig, run: Run) -> tuple[NodeLayout | None, list]:

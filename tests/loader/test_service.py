@@ -377,3 +377,43 @@ def test_a_block_outweighing_a_message_of_every_rank_closes_its_message(index, o
     spans = asyncio.run(main())
     assert spans[:2] == [(0, 0), (1, 2)]
     assert spans[2] == ((3, 3) if outweighs else (3, 6))
+
+
+@pytest.mark.parametrize("parts", [True, False])
+def test_a_first_block_of_parts_is_read_before_any_read_ahead(index, monkeypatch, parts):
+    """Parts of row groups decode on pyarrow's threads, on every core: a run's first block of parts is read before
+    any unit beyond it is asked for (the first step waits for that block). A block of whole row groups (each decoded
+    on one thread) is asked for with the read-ahead."""
+    if parts:  # (the test's readers finish in any order: parts skip ahead rather than wait for earlier ones)
+        monkeypatch.setattr(sources, "PART_BYTES", 200)
+        monkeypatch.setattr("loader.stages.passes.GRACE_S", 0.0)
+        index = index_source([f.path for f in index.files])
+        assert min(u.parts for u in index.units) >= 2
+
+    class Recording(_Readers):
+        """Each read asked for, with the units read by then."""
+
+        def __init__(self, index):
+            super().__init__(index)
+            self.asked, self.read = [], set()
+
+        async def fetch(self, unit, node):
+            self.asked.append((unit, frozenset(self.read)))
+            fetched = await super().fetch(unit, node)
+            self.read.add(unit)
+            return fetched
+
+    readers = Recording(index)
+
+    async def main():
+        service, config = _service(index, readers=readers)
+        run_id = await _open(service, [0, 1], RunKey(0), where=HERE)
+        assert isinstance(await _take(service, 0, run_id), Step)
+        service.close()
+        return config
+
+    config = asyncio.run(main())
+    first = set(EpochRun(index, config, epoch=0, start=Resume()).units(0))
+    before = {unit for unit, read in readers.asked if not first <= read}  # asked before the first block was read
+    assert first <= before
+    assert (before == first) == parts  # whole row groups: the read-ahead (4 units) asked for beside them
