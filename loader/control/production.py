@@ -2,8 +2,8 @@
 
 :func:`produce` reads each block's units on the readers of their home nodes (up to ``readahead``
 units ahead; a run's first block, where it is all parts of row groups, alone: a pass decodes parts on every core,
-and the first step waits for that block), plans the block's steps (:class:`loader.stages.pipeline.EpochRun`, in a worker thread, a few
-steps at a time: 1, 2, 4, ... so the first step goes out as soon as it is planned), and groups
+and the first step waits for that block), plans the block's steps (:class:`loader.stages.pipeline.EpochRun`, in a
+worker thread, a few steps at a time: 1, 2, 4, ... so the first step goes out as soon as it is planned), and groups
 consecutive steps into messages of about ``message_bytes`` of events per rank (:class:`Messages`:
 the first message one step, then doubling). :func:`deliver` queues each group's messages in order
 once :class:`loader.control.routing.Sources` has routed their rows, then every rank's end: a slow
@@ -26,11 +26,11 @@ from loader.config import LoaderConfig
 from loader.control.protocol import End, Step
 from loader.control.routing import Sources
 from loader.control.runs import Run, drop
-from loader.contract.sources import SourceIndex
 from loader.stages.nodes import NodeLayout
 from loader.stages.pipeline import EpochRun, PlannedStep, units_in
 
 if TYPE_CHECKING:
+    from loader.contract.sources import SourceIndex
     from loader.control.service import Service
 
 MESSAGE_BYTES = 4 << 20  # events per rank and message, once the ramp is done
