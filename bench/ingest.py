@@ -289,8 +289,8 @@ def to_torch(batch, lists: list[str]) -> dict:
 # ---------------------------------------------------------------- measurement
 
 
-def _proc_table() -> dict[int, tuple[int, int]]:
-    """pid -> (ppid, utime + stime in ticks) for every readable process."""
+def _proc_table() -> dict[int, tuple[int, int, int]]:
+    """pid -> (ppid, utime + stime in ticks, page faults: minor + major) for every readable process."""
     table = {}
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
@@ -301,13 +301,13 @@ def _proc_table() -> dict[int, tuple[int, int]]:
         except OSError:
             continue
         fields = stat[stat.rindex(b")") + 2:].split()  # after "pid (comm) "
-        table[int(entry.name)] = (int(fields[1]), int(fields[11]) + int(fields[12]))
+        table[int(entry.name)] = (int(fields[1]), int(fields[11]) + int(fields[12]), int(fields[7]) + int(fields[9]))
     return table
 
 
-def _descendants(root: int, table: dict[int, tuple[int, int]]) -> list[int]:
+def _descendants(root: int, table: dict[int, tuple[int, int, int]]) -> list[int]:
     children: dict[int, list[int]] = {}
-    for pid, (ppid, _) in table.items():
+    for pid, (ppid, *_) in table.items():
         children.setdefault(ppid, []).append(pid)
     out, stack = [], [root]
     while stack:
@@ -380,6 +380,8 @@ class TreeMonitor:
         self.peak_mem = self.peak_rss = self.start_mem = self.samples = 0
         self._cpu_start: dict[int, int] = {}
         self._cpu_last: dict[int, int] = {}
+        self._faults_start: dict[int, int] = {}  # page faults of each process, as the CPU ticks
+        self._faults_last: dict[int, int] = {}
         self._roles: dict[int, str] = {}  # pid -> its role (``breakdown.process_role``), read when first seen
 
     def _sample(self) -> tuple[int, int]:
@@ -390,7 +392,7 @@ class TreeMonitor:
             a, sh, r = _memory_kib(pid)
             anon, shmem, rss = anon + a, max(shmem, sh), rss + r
             if pid in table:
-                self._cpu_last[pid] = table[pid][1]
+                self._cpu_last[pid], self._faults_last[pid] = table[pid][1:]
                 if pid not in self._roles:
                     self._roles[pid] = process_role(pid, self.root)
         mem = anon + shmem
@@ -404,7 +406,9 @@ class TreeMonitor:
 
     def __enter__(self) -> "TreeMonitor":
         table = _proc_table()
-        self._cpu_start = {pid: table[pid][1] for pid in _descendants(self.root, table)}
+        tree = _descendants(self.root, table)
+        self._cpu_start = {pid: table[pid][1] for pid in tree}
+        self._faults_start = {pid: table[pid][2] for pid in tree}
         self._roles = {pid: process_role(pid, self.root) for pid in self._cpu_start}
         self._busy_start = _machine_busy_ticks()
         self.start_mem, _ = self._sample()
@@ -422,13 +426,23 @@ class TreeMonitor:
     def by_process(self) -> dict[str, float]:
         """CPU seconds of the tree's processes over the block, by role (``breakdown.process_role``), the costliest
         first: they add up to ``cpu_s``."""
+        return {role: round(ticks / TICK, 3) for role, ticks in self._by_role(self._cpu_last, self._cpu_start)}
+
+    def faults_by_process(self) -> dict[str, int]:
+        """Page faults of the tree's processes over the block, by role, the most first: a process that touches
+        memory it never touched before (fresh heap pages, pages of Ray's object store new to it) pays a fault a
+        page, a few microseconds each on a virtual machine."""
+        return dict(self._by_role(self._faults_last, self._faults_start))
+
+    def _by_role(self, last: dict[int, int], start: dict[int, int]) -> list[tuple[str, int]]:
+        """(role, growth of a per-process counter from ``start`` to ``last``) over the block, the largest first."""
         by_role: Counter = Counter()
-        for pid, ticks in self._cpu_last.items():
+        for pid, value in last.items():
             role = process_role(pid, self.root)  # again: a Ray worker takes its actor's name once it holds one
             if role == "gone":
                 role = self._roles.get(pid, role)
-            by_role[role] += (ticks - self._cpu_start.get(pid, 0)) / TICK
-        return {role: round(seconds, 3) for role, seconds in by_role.most_common() if seconds > 0}
+            by_role[role] += value - start.get(pid, 0)
+        return [(role, grown) for role, grown in by_role.most_common() if grown > 0]
 
     def result(self) -> dict:
         return {"peak_mem_mib": self.peak_mem / 1024, "peak_rss_mib": self.peak_rss / 1024,
@@ -953,6 +967,7 @@ def one_pass(runner, ds: dict, cols: list[str], cfg: dict) -> dict:
          "quiet_before": quiet}
     if threads is not None:
         p["cpu_by_process"], p["cpu_by_thread"] = mon.by_process(), threads.result()
+        p["faults_by_process"] = mon.faults_by_process()
     p["cores"] = p["cpu_s"] / wall
     p["cpu_s_per_row"] = p["cpu_s"] / out["rows"] if out["rows"] else None
     p["cpu_s_per_mrow"] = p["cpu_s_per_row"] * 1e6 if out["rows"] else None
@@ -1023,6 +1038,9 @@ def print_row(row: dict) -> None:
     for key, label in (("cpu_by_process", "CPU s by process"), ("cpu_by_thread", "CPU s by thread of the bench")):
         if key in row:
             print(f"{'':>20}{label}: " + ", ".join(f"{k} {v:.2f}" for k, v in row[key].items()), flush=True)
+    if "faults_by_process" in row:
+        print(f"{'':>20}page faults by process: " + ", ".join(
+            f"{k} {v / 1000:.1f}k" for k, v in row["faults_by_process"].items()), flush=True)
 
 
 def contender_turns(contenders: list[str], rounds: int) -> list[tuple[int, str]]:
@@ -1205,7 +1223,8 @@ def parse_args(argv) -> argparse.Namespace:
     ap.add_argument("--quiet-cores", type=float, default=0.25, help="see --quiet-wait (default 0.25)")
     ap.add_argument("--quick", action="store_true", help="the --quick row counts, 1 timed pass, no quiet wait")
     ap.add_argument("--cpu-breakdown", action="store_true", help="also each pass's CPU by process role and by thread "
-                    "of the bench's own process (bench/breakdown.py), printed under each row and in the JSON")
+                    "of the bench's own process (bench/breakdown.py), and its page faults by process role, printed "
+                    "under each row and in the JSON")
     ap.add_argument("--json-out", type=Path, help="also write the result object to this file")
     args = ap.parse_args(argv)
     args.contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]

@@ -1,6 +1,7 @@
 """``bench/breakdown.py`` and ``bench/ingest.py --cpu-breakdown``: a pass's CPU by thread role of the bench's process
 and by process role of its tree, each thread and process counted once, for the part of its work inside the pass."""
 
+import mmap
 import subprocess
 import sys
 import threading
@@ -62,9 +63,13 @@ def test_each_thread_counts_its_work_inside_the_block_once():
 
 def test_processes_count_under_their_role_and_add_up_to_the_tree(tmp_path):
     """A child of the bench running ``ingest_rank.py`` counts as a ``rank process``; the roles add up to the tree's
-    CPU seconds."""
+    CPU seconds; the child's page faults count under its role too: 64 MiB it touches a page at a time (no huge
+    pages) fault at least once a page."""
     script = tmp_path / "ingest_rank.py"
-    script.write_text("import time\nend = time.process_time() + 0.4\nwhile time.process_time() < end:\n    pass\n")
+    script.write_text("import mmap, time\n"
+                      "m = mmap.mmap(-1, 64 << 20)\nm.madvise(mmap.MADV_NOHUGEPAGE)\n"
+                      "for at in range(0, len(m), mmap.PAGESIZE):\n    m[at] = 1\n"
+                      "end = time.process_time() + 0.4\nwhile time.process_time() < end:\n    pass\n")
     with bench_ingest.TreeMonitor(interval=0.05) as mon:
         child = subprocess.Popen([sys.executable, str(script)])
         time.sleep(0.3)  # the monitor sees it alive
@@ -72,3 +77,6 @@ def test_processes_count_under_their_role_and_add_up_to_the_tree(tmp_path):
     by_role = mon.by_process()
     assert by_role["rank process"] == pytest.approx(0.4, abs=0.15)
     assert sum(by_role.values()) == pytest.approx(mon.cpu_s, abs=0.002 * len(by_role))
+    pages = (64 << 20) // mmap.PAGESIZE
+    faults = mon.faults_by_process()
+    assert pages <= faults["rank process"] <= pages + 20_000  # the mapping's pages, and the interpreter's start

@@ -91,6 +91,7 @@ def test_end_to_end_tiny(tmp_path):
     assert got["ours"]["rows"] == got["ours_s3"]["rows"] == got["named2"]["rows"] == 2001
     assert got["ours"]["equal_microbatches"] and got["named2"]["equal_microbatches"]
     assert "rank process" in got["named2"]["cpu_by_process"]  # (the S3 server's share can be under a clock tick)
+    assert got["named2"]["faults_by_process"]["rank process"] > 0  # a process that starts a loader maps new pages
     (later,) = got["named2"]["later_epochs"]  # epoch 1 of the same loaders, every row delivered again
     assert later["epoch"] == 1 and later["rows_per_s"] > 0 and 0 < later["first_batch_s"] <= later["wall_s"]
     entry = result["targets"]["datasets"]["short"]
