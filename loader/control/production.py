@@ -63,18 +63,18 @@ async def produce(service: Service, run: Run) -> None:
             pair for block in blocks for pair in zip(epoch_run.units(block), epoch_run.homes(block).tolist())
         )
         for block in blocks:
-            need = len(epoch_run.units(block))
-            ahead = 0 if block == blocks[0] and _in_parts(service.index, epoch_run.units(block)) else service.readahead
-            for unit, home in itertools.islice(sequence, max(0, need + ahead - len(inflight))):
+            units = epoch_run.units(block)
+            ahead = 0 if block == blocks[0] and _in_parts(service.index, units) else service.readahead
+            for unit, home in itertools.islice(sequence, max(0, len(units) + ahead - len(inflight))):
                 inflight.append(asyncio.ensure_future(service.readers.fetch(unit, homes.get(home))))
-            reads = [await inflight.popleft() for _ in range(need)]
-            sources.hold(epoch_run.units(block), reads)
+            reads = [await inflight.popleft() for _ in range(len(units))]
+            sources.hold(units, reads)
             planned = epoch_run.feed(block, [read.meta for read in reads])
             del reads  # the handles are the Sources' to drop or shrink (held here, a block's rows outlive its steps)
             while chunk := await asyncio.to_thread(lambda: list(itertools.islice(planned, chunk_steps))):
                 await messages.add(chunk)
                 chunk_steps = min(2 * chunk_steps, MAX_STEPS_PER_MESSAGE)
-            await messages.end_block(sum(service.index.units[u].nbytes for u in epoch_run.units(block)))
+            await messages.end_block(sum(service.index.units[u].nbytes for u in units))
         await messages.add(await asyncio.to_thread(lambda: list(epoch_run.finish())), last=True)
         service.stats.record_end(run.key.epoch, epoch_run.tail)
         await deliveries.put(None)
