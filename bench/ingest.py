@@ -69,7 +69,10 @@ each batch into the same jagged torch tensors (user ids, and per list column val
 8. ``split2``, ``split8`` (their anchor): ``streaming_split(P, equal=True)`` with one consumer process per split (an
    actor, as Ray Train's workers are; started before the pass), each ``iter_torch_batches(batch_size=G // P)``.
 9. ``ours_s3``: ``ours`` over the same files on an S3-compatible server on loopback (moto's server in a child
-   process, its CPU counted; the files uploaded once, untimed): ``s3://bench/<set>?endpoint_override=...``.
+   process, its CPU counted; the files uploaded once, untimed): ``s3://bench/<set>?endpoint_override=...``. By
+   default (``--s3-server ranged``) the server reads a ranged GET's bytes from the stored object at the range, as
+   S3 does (:mod:`bench.s3server`); moto as shipped (``--s3-server moto``) reads the whole object for each one, a
+   cost per request that grows with the file and shares the loader's cores.
 
 Every contender decodes the same columns (``--columns all``: user id and every list column; ``items``: user id and
 item ids only) and must deliver every row and token of the dataset (checked; a mismatch is reported).
@@ -848,18 +851,20 @@ def run_ours(ds: dict, cols: list[str], cfg: dict, clock: dict, *, dataloader: b
 class S3Store:
     """moto's S3-compatible server on loopback, in a process of its own (a child of the bench: its CPU counts in
     the process tree's), with each dataset uploaded once; credentials go to the environment before Ray starts,
-    so readers inherit them."""
+    so readers inherit them. ``server``: ``ranged`` (:mod:`bench.s3server`: ranged GETs read at their range) or
+    ``moto`` (as shipped)."""
 
     BUCKET = "bench"
 
-    def __init__(self) -> None:
+    def __init__(self, server: str = "ranged") -> None:
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             port = probe.getsockname()[1]
         os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1",
                           AWS_EC2_METADATA_DISABLED="true")
-        self.server = subprocess.Popen([sys.executable, "-c", "from moto.server import main; main()", "-H",
-                                        "127.0.0.1", "-p", str(port)],
+        launch = ([str(REPO / "bench" / "s3server.py")] if server == "ranged"
+                  else ["-c", "from moto.server import main; main()"])
+        self.server = subprocess.Popen([sys.executable, *launch, "-H", "127.0.0.1", "-p", str(port)],
                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.query = f"endpoint_override=127.0.0.1:{port}&scheme=http&region=us-east-1"
         deadline = time.monotonic() + 60
@@ -1225,6 +1230,9 @@ def parse_args(argv) -> argparse.Namespace:
     ap.add_argument("--cpu-breakdown", action="store_true", help="also each pass's CPU by process role and by thread "
                     "of the bench's own process (bench/breakdown.py), and its page faults by process role, printed "
                     "under each row and in the JSON")
+    ap.add_argument("--s3-server", choices=("ranged", "moto"), default="ranged", help="ours_s3's loopback server: "
+                    "moto's, its ranged GETs read at their range as S3 serves them (ranged, bench/s3server.py), or "
+                    "moto as shipped, which reads the whole object for each (default ranged)")
     ap.add_argument("--json-out", type=Path, help="also write the result object to this file")
     args = ap.parse_args(argv)
     args.contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]
@@ -1330,7 +1338,7 @@ def main(argv=None) -> dict:
     print(f"disk free under {args.data_dir}: {free.f_bavail * free.f_frsize / 2**30:.1f} GiB", flush=True)
 
     if "ours_s3" in args.contenders and have_ours:
-        _S3.append(S3Store())  # before Ray starts: its readers inherit the credentials
+        _S3.append(S3Store(args.s3_server))  # before Ray starts: its readers inherit the credentials
         for ds in datasets:  # uploaded before any pass, so no warm-up's first batch waits for it
             _S3[0].uri(ds)
     temp_dir = tempfile.mkdtemp(prefix="rb", dir="/tmp")  # short: Ray's socket paths have a length limit
@@ -1410,7 +1418,7 @@ def main(argv=None) -> dict:
                          "columns": args.columns,
                          "ray_prefetch_batches": args.ray_prefetch, "quiet_wait_s": args.quiet_wait,
                          "quiet_cores": args.quiet_cores, "data_dir": str(args.data_dir), "reader_nice": args.reader_nice,
-                         "shuffle_window": args.shuffle_window},
+                         "shuffle_window": args.shuffle_window, "s3_server": args.s3_server},
               "datasets": datasets, "seconds": elapsed, "targets": targets, "rows": result_rows}
     if args.json_out:
         args.json_out.write_text(json.dumps(result, indent=1, default=str))
