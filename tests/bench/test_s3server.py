@@ -1,16 +1,18 @@
 """``bench/s3server.py``: moto's server with ranged GETs read at their range answers every request as moto as shipped
 does, and reads a single-range GET's bytes only, where moto reads the whole stored object."""
 
-import socket
+import random
 
 import pytest
 
 from tests.bench import load
 
-moto_server = pytest.importorskip("moto.server", reason="needs the test extra (moto[server])")
+pytest.importorskip("moto.server", reason="needs the test extra (moto[server])")
 boto3 = pytest.importorskip("boto3", reason="moto's dependency")
 from botocore.exceptions import ClientError  # noqa: E402 (after the skips)
 from moto.s3.models import s3_backends  # noqa: E402
+
+from tests.loopback_s3 import loopback_s3  # noqa: E402
 
 s3server = load("s3server")
 SIZE = 6 << 20  # past moto's in-memory limit (5 MiB): the object lives in a temporary file, as the bench's do
@@ -34,32 +36,16 @@ class _Counted:
 
 
 @pytest.fixture(scope="module")
-def store(monkeypatch_module):
-    """A moto server on 127.0.0.1 in this process, an object of ``SIZE`` random bytes in it: (client, its bytes,
-    the stored key)."""
-    for key, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
-                       ("AWS_DEFAULT_REGION", "us-east-1"), ("AWS_EC2_METADATA_DISABLED", "true")):
-        monkeypatch_module.setenv(key, value)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
+def store():
+    """A moto server on 127.0.0.1 in this process, an object of ``SIZE`` random bytes in it: (client, its bytes, the stored
+    key)."""
+    with loopback_s3() as port:
         client = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", region_name="us-east-1")
         client.create_bucket(Bucket="objects")
-        data = bytes(range(256)) * (SIZE // 256)
+        data = random.Random(0).randbytes(SIZE)
         client.put_object(Bucket="objects", Key="blob", Body=data)
         (backend,) = (b for account in s3_backends.values() for b in account.values() if "objects" in b.buckets)
         yield client, data, backend.buckets["objects"].keys["blob"]
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="module")
-def monkeypatch_module():
-    with pytest.MonkeyPatch.context() as patch:
-        yield patch
 
 
 def _answer(client, method: str, header: str | None) -> tuple:

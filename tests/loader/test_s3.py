@@ -2,8 +2,6 @@
 the module): the same rows, exactly once, the same batches and the same resume as from local disk, on both
 backends; and the ranged reads behind the readers' read-ahead."""
 
-import socket
-
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
@@ -16,8 +14,10 @@ from loader.contract.sources import index_source
 
 from .helpers import assert_resume_equal, backend_options, by_threads, collect, histories, source_histories, synth
 
-moto_server = pytest.importorskip("moto.server", reason="needs the test extra (moto[server])")
+pytest.importorskip("moto.server", reason="needs the test extra (moto[server])")
 from moto.s3.responses import S3Response  # noqa: E402 (after the skip)
+
+from tests.loopback_s3 import loopback_s3  # noqa: E402
 
 BUCKET = "histories"
 KWARGS = dict(ranks=3, microbatches=2, samples_per_step=37, shuffle_window=60, max_seq_len=30, seed=4, num_readers=2)
@@ -28,24 +28,13 @@ def s3(tmp_path_factory):
     """A moto S3 server on 127.0.0.1 (a free port), credentials in the environment (Ray's workers and resumed
     processes inherit them), and a synthetic set uploaded to it: (URI of the set, its local copy)."""
     local = synth(tmp_path_factory.mktemp("s3src"), users=200, max_len=40, files=3, rows_per_group=25)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        with pytest.MonkeyPatch.context() as env:
-            for key, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
-                               ("AWS_DEFAULT_REGION", "us-east-1"), ("AWS_EC2_METADATA_DISABLED", "true")):
-                env.setenv(key, value)
-            query = f"endpoint_override=127.0.0.1:{port}&scheme=http&region=us-east-1"
-            filesystem, _ = pafs.FileSystem.from_uri(f"s3://{BUCKET}?{query}&allow_bucket_creation=true")
-            filesystem.create_dir(BUCKET)
-            pafs.copy_files(str(local), f"{BUCKET}/data", source_filesystem=pafs.LocalFileSystem(),
-                            destination_filesystem=filesystem)
-            yield f"s3://{BUCKET}/data?{query}", local
-    finally:
-        server.stop()
+    with loopback_s3() as port:
+        query = f"endpoint_override=127.0.0.1:{port}&scheme=http&region=us-east-1"
+        filesystem, _ = pafs.FileSystem.from_uri(f"s3://{BUCKET}?{query}&allow_bucket_creation=true")
+        filesystem.create_dir(BUCKET)
+        pafs.copy_files(str(local), f"{BUCKET}/data", source_filesystem=pafs.LocalFileSystem(),
+                        destination_filesystem=filesystem)
+        yield f"s3://{BUCKET}/data?{query}", local
 
 
 @pytest.mark.parametrize("backend", ["inline", "ray"])
