@@ -13,6 +13,10 @@ them where they know what was lost.
 
 from __future__ import annotations
 
+from loader.contract.sources import StorageError  # the storage refused or did not answer: an OSError, never skipped
+
+__all__ = ["LoaderError", "RankLost", "NodeLost", "CoordinatorLost", "ReadersLost", "StorageError"]
+
 RESTART = "restart the group (every trainer process) and load the last state (SequenceLoader.load_state_dict)"
 
 

@@ -14,9 +14,9 @@ CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing
 
 
 @contextlib.contextmanager
-def loopback_s3() -> Iterator[int]:
+def loopback_s3() -> Iterator[tuple[int, object]]:
     """moto's S3 server on 127.0.0.1 (a free port) in this process, test credentials in the environment (Ray's
-    workers and resumed processes inherit them), until the context ends: its port."""
+    workers and resumed processes inherit them), until the context ends: (its port, the server: ``stop()`` takes it down)."""
     from moto.server import ThreadedMotoServer
 
     with socket.socket() as probe:
@@ -28,6 +28,6 @@ def loopback_s3() -> Iterator[int]:
         with pytest.MonkeyPatch.context() as env:
             for key, value in CREDENTIALS.items():
                 env.setenv(key, value)
-            yield port
+            yield port, server
     finally:
         server.stop()

@@ -17,6 +17,7 @@ same event columns as the first.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import os
 import threading
@@ -37,6 +38,53 @@ _FOOTER_THREADS = 16
 PART_BYTES = 128 << 20  # a row group decoding to more than this is listed as parts of about this many bytes
 
 
+class StorageError(OSError):
+    """Reading a file's bytes failed: the storage holding it refused or did not answer (on object storage, after
+    pyarrow's own retries). Never taken for a corrupt file: ``skip_corrupt`` does not skip it, so an outage of the
+    store cannot turn into rows skipped."""
+
+
+def storage_error(path: str, filesystem: pafs.FileSystem, what: str, exc: BaseException) -> StorageError:
+    """The :class:`StorageError` of ``what`` (e.g. "reading its footer") on ``path`` of ``filesystem``, raised by
+    ``exc``."""
+    where = "local disk" if filesystem.type_name == "local" else f"{filesystem.type_name} storage"
+    return StorageError(f"{path}: {what} from {where} failed ({one_line(exc)}); the storage refused or did not "
+                        "answer: check its endpoint, credentials, network or permissions, then construct the loader "
+                        "again, or load the last saved state (SequenceLoader.load_state_dict); no rows were skipped")
+
+
+class _Answering:
+    """A pyarrow input stream as a Python file for ``pa.PythonFile``: its read errors raise :class:`StorageError`,
+    so a parse that fails on bytes read (a corrupt footer) is told apart from a read that failed."""
+
+    def __init__(self, file: DataFile, stream) -> None:
+        self.file, self.stream, self.closed = file, stream, False
+
+    def read(self, nbytes: int = -1) -> bytes:
+        try:
+            return self.stream.read(None if nbytes < 0 else nbytes)
+        except OSError as exc:
+            raise storage_error(self.file.path, self.file.filesystem, "reading its footer", exc) from exc
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self.stream.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self.stream.tell()
+
+    def size(self) -> int:
+        return self.stream.size()
+
+    def seekable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self.closed = True
+
+
 @dataclass(frozen=True)
 class DataFile:
     """One Parquet file and the filesystem that holds it; ``size`` in bytes once its footer was read
@@ -45,6 +93,15 @@ class DataFile:
     path: str
     filesystem: pafs.FileSystem
     size: int | None = None
+
+    def open(self):
+        """The file as a pyarrow input stream; :class:`StorageError` where the storage does not answer."""
+        try:
+            return self.filesystem.open_input_file(self.path)
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            raise storage_error(self.path, self.filesystem, "opening it", exc) from exc
 
     @property
     def remote(self) -> bool:
@@ -61,7 +118,9 @@ class DataFile:
             if key in _footers:
                 _footers.move_to_end(key)
                 return _footers[key]
-        metadata = pq.ParquetFile(stream or self.filesystem.open_input_file(self.path)).metadata
+        with contextlib.ExitStack() as opened:
+            stream = stream or opened.enter_context(self.open())
+            metadata = pq.ParquetFile(pa.PythonFile(_Answering(self, stream), mode="r")).metadata
         with _footer_lock:
             _footers[key] = metadata
             while len(_footers) > _FOOTERS:
@@ -173,10 +232,10 @@ def index_source(source, *, columns: Columns = Columns(), skip_corrupt: bool = F
         if isinstance(footer, Exception):
             if not skip_corrupt:
                 raise ValueError(
-                    f"{file.path}: not a readable Parquet file ({_one_line(footer)}); replace the file, or pass "
+                    f"{file.path}: not a readable Parquet file ({one_line(footer)}); replace the file, or pass "
                     "skip_corrupt=True to skip it and count it in stats()['files_skipped']"
                 ) from footer
-            skipped.append((file.path, f"corrupt file: {_one_line(footer)}"))
+            skipped.append((file.path, f"corrupt file: {one_line(footer)}"))
             continue
         file, schema, row_counts = footer
         carried = _carried_columns(schema, file.path, columns)
@@ -219,8 +278,27 @@ def _resolve_one(text: str) -> list[DataFile]:
         base_end = text.rfind("/", 0, wild)
         base, pattern = (text[:base_end], text[base_end + 1 :]) if base_end >= 0 else (".", text)
         filesystem, base_path = _filesystem((base or "/") + query)
-        return [DataFile(p, filesystem) for p in _glob(filesystem, base_path, pattern, text)]
+        with _listing(text, filesystem):
+            return [DataFile(p, filesystem) for p in _glob(filesystem, base_path, pattern, text)]
     filesystem, path = _filesystem(text + query)
+    with _listing(text, filesystem):
+        return _listed(filesystem, path, text)
+
+
+@contextlib.contextmanager
+def _listing(text: str, filesystem: pafs.FileSystem):
+    """Listing ``text`` (a path, a glob; without its query, which may hold credentials): a failed listing is a
+    :class:`StorageError`."""
+    try:
+        yield
+    except (FileNotFoundError, StorageError):
+        raise
+    except OSError as exc:
+        raise storage_error(text, filesystem, "listing it", exc) from exc
+
+
+def _listed(filesystem: pafs.FileSystem, path: str, text: str) -> list[DataFile]:
+    """The file ``path``, or the Parquet files under the directory ``path`` (``text`` as the user wrote it)."""
     info = filesystem.get_file_info(path)
     if info.type == pafs.FileType.NotFound:
         raise FileNotFoundError(f"{text}: no such file or directory")
@@ -288,12 +366,12 @@ def _read_footer(file: DataFile) -> tuple[DataFile, pa.Schema, list[int]] | Exce
     """(the file with its size, schema, rows per row group), or the exception a corrupt footer raised.
     The footer stays in this process's cache (:meth:`DataFile.footer`) for the reads that follow."""
     try:
-        with file.filesystem.open_input_file(file.path) as stream:  # one open (on object storage: one HEAD)
+        with file.open() as stream:  # one open (on object storage: one HEAD)
             file = replace(file, size=stream.size())
             metadata = file.footer(stream)
         schema = metadata.schema.to_arrow_schema()
         return file, schema, [metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)]
-    except FileNotFoundError:
+    except (FileNotFoundError, StorageError):
         raise
     except (pa.ArrowException, OSError) as exc:  # bad magic bytes, truncated or garbled thrift
         return exc
@@ -344,5 +422,6 @@ def _check_same_columns(
 
 
 
-def _one_line(exc: Exception) -> str:
+def one_line(exc: BaseException) -> str:
+    """An exception's message on one line."""
     return " ".join(str(exc).split())

@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 
 from loader.stages.clean import Chunk, ListColumn, clean, corrupt
 from loader.stages.rows import Sliced
-from loader.contract.sources import DataFile, SourceIndex, Unit, carried_chunks
+from loader.contract.sources import DataFile, SourceIndex, StorageError, Unit, carried_chunks, one_line, storage_error
 from loader.stages.passes import PASSES
 
 # What pyarrow raises for pages that do not decode (bad compression, garbled encodings, short reads).
@@ -121,6 +121,8 @@ def fetch_unit(index: SourceIndex, unit: int, *, skip_corrupt: bool) -> RowGroup
         data, size = _read_range(file, start, stop)
     except FileNotFoundError as exc:
         raise FileNotFoundError(f"{file.path}: the file disappeared after the loader indexed it") from exc
+    except StorageError:
+        raise  # the store did not answer: not a corrupt row group, never skipped
     except _DECODE_ERRORS as exc:
         if skip_corrupt:
             return RowGroupBytes(unit, 0, None, None)
@@ -129,13 +131,20 @@ def fetch_unit(index: SourceIndex, unit: int, *, skip_corrupt: bool) -> RowGroup
 
 
 def _read_range(file: DataFile, start: int, stop: int) -> tuple[pa.Buffer, int]:
-    """(bytes ``[start, stop)`` of ``file`` and ``_SLACK`` more where the file has them, the file's size)."""
-    with file.filesystem.open_input_file(file.path) as stream:
-        size = stream.size()
+    """(bytes ``[start, stop)`` of ``file`` and ``_SLACK`` more where the file has them, the file's size);
+    :class:`StorageError` where the storage does not answer."""
+    with file.open() as stream:
+        try:
+            size = stream.size()
+        except OSError as exc:
+            raise storage_error(file.path, file.filesystem, "asking its size", exc) from exc
         if stop > size:
             raise OSError(f"its column chunks end at byte {stop}, past the file's end ({size} bytes)")
-        stream.seek(start)
-        return stream.read_buffer(min(stop + _SLACK, size) - start), size
+        try:
+            stream.seek(start)
+            return stream.read_buffer(min(stop + _SLACK, size) - start), size
+        except OSError as exc:
+            raise storage_error(file.path, file.filesystem, f"reading bytes {start}-{stop}", exc) from exc
 
 
 class _SharedFetches:
@@ -206,6 +215,8 @@ def decode_unit(index: SourceIndex, fetched: RowGroupBytes, *, max_seq_len: int 
             slices = [_columns(index, parquet.read_row_group(u.row_group, columns=_names(index), use_threads=False))]
     except FileNotFoundError as exc:
         raise FileNotFoundError(f"{file.path}: the file disappeared after the loader indexed it") from exc
+    except StorageError:
+        raise
     except _DECODE_ERRORS as exc:
         if skip_corrupt:
             return corrupt(u.rows)
@@ -257,7 +268,7 @@ def _decode_part(index: SourceIndex, fetched: RowGroupBytes, file: DataFile, sli
     done = True  # unless the part ends before the row group: a failed pass is closed
     try:
         if run.batches is None:  # a new pass
-            source = (file.filesystem.open_input_file(file.path) if fetched.data is None else
+            source = (file.open() if fetched.data is None else
                       pa.PythonFile(_RangeFile(fetched.data, fetched.start, fetched.size), mode="r"))
             parquet = pq.ParquetFile(source, metadata=metadata, pre_buffer=False,
                                      buffer_size=REMOTE_BUFFER if file.remote else STREAM_BUFFER)
@@ -430,7 +441,7 @@ class _RangeFile:
 
 def _undecodable(index: SourceIndex, unit: int, exc: Exception) -> ValueError:
     return ValueError(
-        f"{index.describe(unit)}: cannot be decoded ({_one_line(exc)}); the file is corrupt: replace it, or "
+        f"{index.describe(unit)}: cannot be decoded ({one_line(exc)}); the file is corrupt: replace it, or "
         "pass skip_corrupt=True to skip its rows and count them"
     )
 
@@ -458,5 +469,3 @@ def _view(array: pa.Array) -> np.ndarray:
     return np.frombuffer(array.buffers()[1], dtype=dtype, count=len(array), offset=array.offset * dtype.itemsize)
 
 
-def _one_line(exc: Exception) -> str:
-    return " ".join(str(exc).split())

@@ -2,6 +2,8 @@
 the module): the same rows, exactly once, the same batches and the same resume as from local disk, on both
 backends; and the ranged reads behind the readers' read-ahead."""
 
+import time
+
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
@@ -11,6 +13,7 @@ from loader import SequenceLoader
 from loader.stages.decode import RowGroupBytes, decode_unit, fetch_unit, read_unit
 from loader.contract import sources
 from loader.contract.sources import index_source
+from loader.errors import StorageError
 
 from .helpers import assert_resume_equal, backend_options, by_threads, collect, histories, source_histories, synth
 
@@ -28,13 +31,18 @@ def s3(tmp_path_factory):
     """A moto S3 server on 127.0.0.1 (a free port), credentials in the environment (Ray's workers and resumed
     processes inherit them), and a synthetic set uploaded to it: (URI of the set, its local copy)."""
     local = synth(tmp_path_factory.mktemp("s3src"), users=200, max_len=40, files=3, rows_per_group=25)
-    with loopback_s3() as port:
-        query = f"endpoint_override=127.0.0.1:{port}&scheme=http&region=us-east-1"
-        filesystem, _ = pafs.FileSystem.from_uri(f"s3://{BUCKET}?{query}&allow_bucket_creation=true")
-        filesystem.create_dir(BUCKET)
-        pafs.copy_files(str(local), f"{BUCKET}/data", source_filesystem=pafs.LocalFileSystem(),
-                        destination_filesystem=filesystem)
-        yield f"s3://{BUCKET}/data?{query}", local
+    with loopback_s3() as (port, _):
+        yield _upload(port, local), local
+
+
+def _upload(port: int, local) -> str:
+    """``local``'s files copied to the server on ``port`` (bucket ``BUCKET``, prefix ``data``): their URI."""
+    query = f"endpoint_override=127.0.0.1:{port}&scheme=http&region=us-east-1"
+    filesystem, _ = pafs.FileSystem.from_uri(f"s3://{BUCKET}?{query}&allow_bucket_creation=true")
+    filesystem.create_dir(BUCKET)
+    pafs.copy_files(str(local), f"{BUCKET}/data", source_filesystem=pafs.LocalFileSystem(),
+                    destination_filesystem=filesystem)
+    return f"s3://{BUCKET}/data?{query}"
 
 
 @pytest.mark.parametrize("backend", ["inline", "ray"])
@@ -115,3 +123,41 @@ def _chunk_end(chunk) -> int:
     """Where a column chunk ends: its size counts from its dictionary page, when it has one."""
     first = chunk.dictionary_page_offset if chunk.has_dictionary_page else chunk.data_page_offset
     return first + chunk.total_compressed_size
+
+
+@pytest.mark.parametrize("backend, skip_corrupt", [("inline", False), ("inline", True), ("ray", True)])
+def test_a_store_that_stops_answering_is_a_storage_error_never_rows_skipped(request, tmp_path, backend, skip_corrupt):
+    """The store going down mid-epoch: the iterator raises StorageError naming the file (and the bytes it asked for),
+    once pyarrow's retries are spent (seconds), with ``skip_corrupt`` too: a read the store did not answer is not a
+    corrupt row group, and skipping it would drop the rows of every row group asked for while the store is down."""
+    local = synth(tmp_path / "src", users=400, max_len=40, files=2, rows_per_group=25)
+    if backend == "ray":
+        request.getfixturevalue("ray_address")
+    with loopback_s3() as (port, server):
+        uri = _upload(port, local)
+        with SequenceLoader(uri, **backend_options(backend), ranks=2, microbatches=2, samples_per_step=32,
+                            shuffle_window=60, skip_corrupt=skip_corrupt, seed=1) as loader:
+            steps = loader.iter_steps()
+            next(steps)
+            server.stop()
+            started = time.monotonic()
+            with pytest.raises(StorageError, match=r"part-\d+\.parquet: (opening it|reading its footer|reading bytes "
+                               r"\d+-\d+) from s3 storage failed \(.*\); the storage refused or did not answer: .* "
+                               r"no rows were skipped"):
+                for _ in steps:
+                    pass
+            assert time.monotonic() - started < 60
+            assert sum(loader.stats()["rows_skipped"].values()) == 0
+
+
+def test_a_store_that_does_not_answer_at_construction_is_a_storage_error(tmp_path):
+    """Building a loader while the store is down: StorageError, not every file counted as corrupt and left out."""
+    local = synth(tmp_path / "src", users=100, max_len=20, files=2, rows_per_group=25)
+    with loopback_s3() as (port, server):
+        uri = _upload(port, local)
+        index = index_source(uri)  # listed and footers read while it answers
+        server.stop()
+        with pytest.raises(StorageError, match=r"s3 storage failed .* no rows were skipped"):
+            index_source(uri, skip_corrupt=True)
+        with pytest.raises(StorageError, match=r"part-00000\.parquet: opening it from s3 storage failed"):
+            read_unit(index, 0, max_seq_len=None, skip_corrupt=True)
