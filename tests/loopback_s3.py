@@ -16,7 +16,8 @@ CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing
 @contextlib.contextmanager
 def loopback_s3() -> Iterator[tuple[int, object]]:
     """moto's S3 server on 127.0.0.1 (a free port) in this process, test credentials in the environment (Ray's
-    workers and resumed processes inherit them), until the context ends: (its port, the server: ``stop()`` takes it down)."""
+    workers and resumed processes inherit them), until the context ends: (its port, the server, whose ``stop()``
+    takes it down)."""
     from moto.server import ThreadedMotoServer
 
     with socket.socket() as probe:

@@ -37,8 +37,8 @@ class _Counted:
 
 @pytest.fixture(scope="module")
 def store():
-    """A moto server on 127.0.0.1 in this process, an object of ``SIZE`` random bytes in it: (client, its bytes, the stored
-    key)."""
+    """A moto server on 127.0.0.1 in this process, an object of ``SIZE`` random bytes in it: (client, its bytes, the
+    stored key)."""
     with loopback_s3() as (port, _):
         client = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", region_name="us-east-1")
         client.create_bucket(Bucket="objects")

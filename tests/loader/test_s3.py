@@ -131,9 +131,9 @@ def test_a_store_that_stops_answering_is_a_storage_error_never_rows_skipped(requ
     once pyarrow's retries are spent (seconds), with ``skip_corrupt`` too: a read the store did not answer is not a
     corrupt row group, and skipping it would drop the rows of every row group asked for while the store is down."""
     local = synth(tmp_path / "src", users=400, max_len=40, files=2, rows_per_group=25)
-    if backend == "ray":
-        request.getfixturevalue("ray_address")
     with loopback_s3() as (port, server):
+        if backend == "ray":
+            request.getfixturevalue("ray_address")  # after the credentials are set, if it starts here
         uri = _upload(port, local)
         with SequenceLoader(uri, **backend_options(backend), ranks=2, microbatches=2, samples_per_step=32,
                             shuffle_window=60, skip_corrupt=skip_corrupt, seed=1) as loader:
