@@ -54,17 +54,22 @@ def storage_error(path: str, filesystem: pafs.FileSystem, what: str, exc: BaseEx
 
 
 class _Answering:
-    """A pyarrow input stream as a Python file for ``pa.PythonFile``: its read errors raise :class:`StorageError`,
-    so a parse that fails on bytes read (a corrupt footer) is told apart from a read that failed."""
+    """A pyarrow input stream as a Python file for ``pa.PythonFile``: its read errors raise :class:`StorageError`
+    (``what``: what the reads are for), so a parse that fails on bytes read (a corrupt footer or page) is told
+    apart from a read that failed. Reads hand pyarrow the stream's own buffers (no bytes object); closing it closes
+    the stream where it was opened for it (``owned``)."""
 
-    def __init__(self, file: DataFile, stream) -> None:
-        self.file, self.stream, self.closed = file, stream, False
+    def __init__(self, file: DataFile, stream, what: str, *, owned: bool) -> None:
+        self.file, self.stream, self.what, self.owned, self.closed = file, stream, what, owned, False
 
-    def read(self, nbytes: int = -1) -> bytes:
+    def read_buffer(self, nbytes: int = -1) -> pa.Buffer:
         try:
-            return self.stream.read(None if nbytes < 0 else nbytes)
+            return self.stream.read_buffer(None if nbytes < 0 else nbytes)
         except OSError as exc:
-            raise storage_error(self.file.path, self.file.filesystem, "reading its footer", exc) from exc
+            raise storage_error(self.file.path, self.file.filesystem, self.what, exc) from exc
+
+    def read(self, nbytes: int = -1) -> pa.Buffer:  # pyarrow copies it where it reads into its own buffer
+        return self.read_buffer(nbytes)
 
     def seek(self, offset: int, whence: int = 0) -> int:
         return self.stream.seek(offset, whence)
@@ -82,6 +87,8 @@ class _Answering:
         return True
 
     def close(self) -> None:
+        if self.owned and not self.closed:
+            self.stream.close()
         self.closed = True
 
 
@@ -103,6 +110,13 @@ class DataFile:
         except OSError as exc:
             raise storage_error(self.path, self.filesystem, "opening it", exc) from exc
 
+    def answering(self, what: str, stream=None) -> pa.PythonFile:
+        """The file (or ``stream``, its already open input stream, left open) for a parser: a read that fails
+        raises :class:`StorageError` naming ``what`` was read, where the parser's own error would call the file
+        corrupt."""
+        owned = stream is None
+        return pa.PythonFile(_Answering(self, self.open() if owned else stream, what, owned=owned), mode="r")
+
     @property
     def remote(self) -> bool:
         """Whether the file lies on another filesystem than this machine's (object storage): worth fetching
@@ -118,9 +132,8 @@ class DataFile:
             if key in _footers:
                 _footers.move_to_end(key)
                 return _footers[key]
-        with contextlib.ExitStack() as opened:
-            stream = stream or opened.enter_context(self.open())
-            metadata = pq.ParquetFile(pa.PythonFile(_Answering(self, stream), mode="r")).metadata
+        with self.answering("reading its footer", stream) as answering:
+            metadata = pq.ParquetFile(answering).metadata
         with _footer_lock:
             _footers[key] = metadata
             while len(_footers) > _FOOTERS:

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from loader.contract import sources
 from loader.contract.sources import index_source
+from loader.errors import StorageError
 from loader.stages import decode
 from loader.stages.clean import CORRUPT, VALID, Chunk, ListColumn
 from loader.stages.rows import Sliced, flatten, gather
@@ -280,6 +281,41 @@ def test_a_corrupt_row_group_is_named_or_skipped_in_parts_too(tmp_path, monkeypa
     assert all(s.status.tolist() == [CORRUPT] * len(s.status) and len(s.rows.user_ids) == 0 for s in skipped)
     first = [i for i, u in enumerate(index.units) if u.row_group == 0]
     assert sum(len(_read(index, i).rows.user_ids) for i in first) == 20
+
+
+@pytest.mark.parametrize("skip_corrupt", [False, True])
+def test_a_read_failing_inside_a_pass_is_a_storage_error_never_a_corrupt_row_group(tmp_path, monkeypatch,
+                                                                                   skip_corrupt):
+    """Parts of a row group on object storage over ``REMOTE_PASS_BYTES``, whose pages are read as they decode: a
+    read that fails in the middle of the decode is the store's, a StorageError naming the row group, ``skip_corrupt``
+    or not; not pages that do not decode (those stay a corrupt row group, above). (A file taken as remote here.)"""
+    data = synth(tmp_path / "d", users=60, files=1, rows_per_group=20)
+    index = _index(str(data), monkeypatch, 600)
+    parts = [i for i, u in enumerate(index.units) if u.row_group == 1]
+    assert len(parts) > 1
+    monkeypatch.setattr(sources.DataFile, "remote", True)
+    monkeypatch.setattr(decode, "REMOTE_PASS_BYTES", 0)  # no part fetches its row group: pages read as decoded
+    assert decode.fetch_unit(index, parts[0], skip_corrupt=False).data is None
+    opened = sources.DataFile.open
+    monkeypatch.setattr(sources.DataFile, "open", lambda self: _Refusing(opened(self)))
+    with pytest.raises(StorageError, match=r"part-00000\.parquet: reading the pages of row group 1 from local disk "
+                       r"failed \(Connection reset by peer\); the storage refused .* no rows were skipped"):
+        decode.read_unit(index, parts[0], max_seq_len=None, skip_corrupt=skip_corrupt)
+    monkeypatch.setattr(sources.DataFile, "open", opened)  # the storage answers again: the same part reads
+    assert len(_read(index, parts[0]).rows.user_ids) == index.units[parts[0]].rows
+
+
+class _Refusing:
+    """An open input stream whose reads fail as a dropped connection does."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+
+    def read_buffer(self, nbytes=None):
+        raise ConnectionResetError("Connection reset by peer")
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
 
 
 def test_a_forked_child_opens_its_own_passes(tmp_path, monkeypatch):

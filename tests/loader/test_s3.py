@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from loader import SequenceLoader
+from loader.stages import decode
 from loader.stages.decode import RowGroupBytes, decode_unit, fetch_unit, read_unit
 from loader.contract import sources
 from loader.contract.sources import index_source
@@ -86,6 +87,20 @@ def test_s3_row_groups_in_parts_are_read_as_from_local_disk_with_one_request_eac
         gets.clear()  # after the footers
         assert collect(remote) == collect(disk)
     assert len(gets) == len({(u.file, u.row_group) for u in index.units})
+
+
+def test_s3_row_groups_over_the_fetch_limit_are_read_as_their_parts_decode(s3, monkeypatch):
+    """Row groups in parts over ``REMOTE_PASS_BYTES``: no part fetches the row group, each pass reads its pages from
+    the store as it decodes them (through the reads that tell a failed read from a corrupt page): the same steps."""
+    uri, local = s3
+    monkeypatch.setattr(sources, "PART_BYTES", 250)
+    monkeypatch.setattr(decode, "REMOTE_PASS_BYTES", 0)
+    index = index_source(uri)
+    assert max(u.parts for u in index.units) >= 3
+    assert fetch_unit(index, 0, skip_corrupt=False).data is None
+    with SequenceLoader(local, backend="inline", **KWARGS) as disk, SequenceLoader(uri, backend="inline",
+                                                                                   **KWARGS) as remote:
+        assert collect(remote) == collect(disk)
 
 
 @pytest.mark.parametrize("backend", ["inline", "ray"])
