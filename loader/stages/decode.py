@@ -136,15 +136,12 @@ def _read_range(file: DataFile, start: int, stop: int) -> tuple[pa.Buffer, int]:
     with file.open() as stream:
         try:
             size = stream.size()
-        except OSError as exc:
-            raise storage_error(file.path, file.filesystem, "asking its size", exc) from exc
-        if stop > size:
-            raise OSError(f"its column chunks end at byte {stop}, past the file's end ({size} bytes)")
-        try:
-            stream.seek(start)
-            return stream.read_buffer(min(stop + _SLACK, size) - start), size
+            if stop <= size:
+                stream.seek(start)
+                return stream.read_buffer(min(stop + _SLACK, size) - start), size
         except OSError as exc:
             raise storage_error(file.path, file.filesystem, f"reading bytes {start}-{stop}", exc) from exc
+    raise OSError(f"its column chunks end at byte {stop}, past the file's end ({size} bytes)")  # a corrupt footer
 
 
 class _SharedFetches:
