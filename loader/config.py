@@ -25,6 +25,9 @@ DEFAULT_LIVENESS_TIMEOUT = 30.0
 # Nice value of reading threads above their process's main thread (``loader.stages.decode.reader_priority``): under
 # CPU contention the stages every step waits for run first (docs/benchmarks.md, "Where a one-process epoch waits").
 DEFAULT_READER_NICE = 8
+# Seconds a read that the storage refused or did not answer is tried again (pauses growing from 0.25 s to 8 s) before
+# the loader raises StorageError: a store's brief outage or throttling passes; a lasting one ends the run.
+DEFAULT_STORAGE_RETRY_S = 30.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,10 +52,18 @@ class LoaderConfig(BatchSpec):
     ranks_per_node: int | None = None
     liveness_timeout: float = DEFAULT_LIVENESS_TIMEOUT
     reader_nice: int = DEFAULT_READER_NICE
+    storage_retry_s: float = DEFAULT_STORAGE_RETRY_S
 
     def __post_init__(self) -> None:
         super().__post_init__()
         positive("prefetch_steps", self.prefetch_steps)
+        retry = self.storage_retry_s
+        if isinstance(retry, bool) or not isinstance(retry, (int, float)) or not 0 <= retry < float("inf"):
+            raise ValueError(
+                f"storage_retry_s must be a number of seconds >= 0, got {retry!r}: how long a read the storage "
+                f"refused or did not answer is tried again before StorageError (0: never; default "
+                f"{DEFAULT_STORAGE_RETRY_S:g})"
+            )
         timeout = self.liveness_timeout
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
             raise ValueError(
@@ -146,7 +157,7 @@ def fingerprint(index: SourceIndex, config: LoaderConfig) -> int:
         key: value
         for key, value in asdict(config).items()
         if key not in ("seed", "backend", "num_readers", "readers", "name", "ray_address", "prefetch_steps", "pin_memory",
-                       "locality", "ranks_per_node", "liveness_timeout", "reader_nice")
+                       "locality", "ranks_per_node", "liveness_timeout", "reader_nice", "storage_retry_s")
     }
     model = config.cost_model
     decisive["cost_model"] = None if model is None else [model.quadratic, model.linear, model.constant]

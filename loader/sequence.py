@@ -40,7 +40,8 @@ class SequenceLoader:
         self.config = LoaderConfig.of(options)
         if self.config.pin_memory and not torch.cuda.is_available():
             raise ValueError("pin_memory=True needs a CUDA device, and torch sees none; pass pin_memory=False")
-        self.index = index_source(source, columns=self.config.contract, skip_corrupt=self.config.skip_corrupt)
+        self.index = index_source(source, columns=self.config.contract, skip_corrupt=self.config.skip_corrupt,
+                                  storage_retry_s=self.config.storage_retry_s)
         self.fingerprint = fingerprint(self.index, self.config)
         if self.config.backend == "ray":
             from loader.backends.ray_backend import make_client  # Ray is imported only when used

@@ -131,12 +131,12 @@ class RayReaders:
         here = [i for i, n in enumerate(self.nodes) if n == node]
         return here or list(range(len(self.readers)))
 
-    async def _call(self, candidates: list[int], what: str, call, prefer: int | None = None):
+    async def _call(self, candidates: list[int], what: str, call, prefer: int | None = None, storage: bool = False):
         """``call(i)`` on candidate reader ``prefer`` if given, else on the least busy one; when that reader died,
         on the least busy of the others (the dead one restarts meanwhile), up to READ_ATTEMPTS times, within the
-        liveness timeout."""
+        liveness timeout (and, for a call that reads the ``storage``, the time it may try a read again)."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.liveness
+        deadline = loop.time() + self.liveness + (self.config.storage_retry_s if storage else 0.0)
         tried: set[int] = set()
         for attempt in range(READ_ATTEMPTS):
             untried = [i for i in candidates if i not in tried] or candidates
@@ -147,8 +147,9 @@ class RayReaders:
             except RayTaskError as exc:  # the call itself failed: a real error, not a lost reader
                 raise exc.cause from None
             except asyncio.TimeoutError:
+                retry = f" + storage_retry_s={self.config.storage_retry_s:g} s" if storage else ""
                 raise NodeLost(self.nodes[owner], [], f"its reader did not finish {what} within "
-                               f"liveness_timeout={self.liveness:g} s") from None
+                               f"liveness_timeout={self.liveness:g} s{retry}") from None
             except _LOST as exc:
                 lost = exc
                 tried.add(owner)
@@ -175,7 +176,7 @@ class RayReaders:
         candidates = self._on(node)
         u = self.index.units[unit]
         prefer = None if u.whole else self._pass_reader(int(self.groups[unit]), candidates, last=u.part == u.parts - 1)
-        return await self._call(candidates, self.index.describe(unit), read, prefer)
+        return await self._call(candidates, self.index.describe(unit), read, prefer, storage=True)
 
     def _pass_reader(self, group: int, candidates: list[int], *, last: bool) -> int:
         """The reader of ``candidates`` for the next part of row group ``group``: the one that read its other parts

@@ -19,11 +19,15 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import logging
 import os
 import threading
+import time
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -51,6 +55,35 @@ def storage_error(path: str, filesystem: pafs.FileSystem, what: str, exc: BaseEx
     return StorageError(f"{path}: {what} from {where} failed ({one_line(exc)}); the storage refused or did not "
                         "answer: check its endpoint, credentials, network or permissions, then construct the loader "
                         "again, or load the last saved state (SequenceLoader.load_state_dict); no rows were skipped")
+
+
+_LOG = logging.getLogger(__name__)
+_T = TypeVar("_T")
+RETRY_PAUSES = (0.25, 8.0)  # the first pause between tries of a read the storage did not answer, and the longest
+
+
+def retrying(seconds: float, attempt: Callable[[], _T]) -> _T:
+    """``attempt()``; tried again while it raises :class:`StorageError`, after pauses doubling from
+    ``RETRY_PAUSES[0]`` to ``RETRY_PAUSES[1]`` s, each logged as a warning, until ``seconds`` have passed since its
+    first failure: then its last StorageError, saying how long it was tried. Reads are pure: a read tried again
+    gives the same bytes, so the rows and their order never depend on it. ``seconds`` 0: tried once."""
+    pause, first = RETRY_PAUSES[0], None
+    tries = 0
+    while True:
+        try:
+            return attempt()
+        except StorageError as exc:
+            tries += 1
+            now = time.monotonic()
+            first = now if first is None else first
+            if now + pause > first + seconds:
+                if tries == 1:
+                    raise
+                raise StorageError(f"{exc} (tried {tries} times over {now - first:.0f} s: storage_retry_s="
+                                   f"{seconds:g})") from exc
+            _LOG.warning("%s; trying again in %.2f s (storage_retry_s=%g)", exc, pause, seconds)
+            time.sleep(pause)
+            pause = min(2 * pause, RETRY_PAUSES[1])
 
 
 class _Answering:
@@ -95,11 +128,13 @@ class _Answering:
 @dataclass(frozen=True)
 class DataFile:
     """One Parquet file and the filesystem that holds it; ``size`` in bytes once its footer was read
-    (:func:`index_source`), None before."""
+    (:func:`index_source`), None before; ``retry_s``: how long a read of it that the storage refused or did not
+    answer is tried again (:func:`retrying`; ``LoaderConfig.storage_retry_s``)."""
 
     path: str
     filesystem: pafs.FileSystem
     size: int | None = None
+    retry_s: float = 0.0
 
     def open(self):
         """The file as a pyarrow input stream; :class:`StorageError` where the storage does not answer."""
@@ -132,13 +167,19 @@ class DataFile:
             if key in _footers:
                 _footers.move_to_end(key)
                 return _footers[key]
-        with self.answering("reading its footer", stream) as answering:
-            metadata = pq.ParquetFile(answering).metadata
+        if stream is None:  # its own open and read, tried again as one
+            metadata = retrying(self.retry_s, lambda: self._parsed_footer(None))
+        else:
+            metadata = self._parsed_footer(stream)
         with _footer_lock:
             _footers[key] = metadata
             while len(_footers) > _FOOTERS:
                 _footers.popitem(last=False)
         return metadata
+
+    def _parsed_footer(self, stream) -> pq.FileMetaData:
+        with self.answering("reading its footer", stream) as answering:
+            return pq.ParquetFile(answering).metadata
 
 
 _FOOTERS = 256  # file footers kept per process
@@ -228,13 +269,16 @@ class SourceIndex:
         return f"{self.files[u.file].path} (row group {u.row_group}{rows})"
 
 
-def index_source(source, *, columns: Columns = Columns(), skip_corrupt: bool = False) -> SourceIndex:
-    """Resolve ``source``, read every footer and check every schema; see the module docstring.
+def index_source(source, *, columns: Columns = Columns(), skip_corrupt: bool = False,
+                 storage_retry_s: float = 0.0) -> SourceIndex:
+    """Resolve ``source``, read every footer and check every schema; see the module docstring. Reads the storage
+    refused or did not answer, here and by the readers of the index's files, are tried again for
+    ``storage_retry_s`` seconds (``LoaderConfig.storage_retry_s``).
 
     Raises FileNotFoundError for a path that matches nothing, ValueError naming the file (and the
     column) for a corrupt file (unless ``skip_corrupt``) or a schema that breaks the contract.
     """
-    files = resolve(source)
+    files = resolve(source, storage_retry_s)
     with ThreadPoolExecutor(max_workers=min(_FOOTER_THREADS, len(files))) as pool:
         footers = list(pool.map(_read_footer, files))
     units: list[Unit] = []
@@ -266,8 +310,9 @@ def index_source(source, *, columns: Columns = Columns(), skip_corrupt: bool = F
     return SourceIndex(tuple(kept), tuple(units), columns, tuple(reference[1].items()), tuple(skipped))
 
 
-def resolve(source) -> list[DataFile]:
-    """The Parquet files named by ``source``, in reading order, without repeats."""
+def resolve(source, retry_s: float = 0.0) -> list[DataFile]:
+    """The Parquet files named by ``source``, in reading order, without repeats; a listing the storage did not
+    answer tried again for ``retry_s`` seconds (:func:`retrying`), the files' own reads as long."""
     items = [source] if isinstance(source, (str, os.PathLike)) else list(source)
     if not items:
         raise ValueError("source is an empty list; pass a file, a directory, a glob or a list of them")
@@ -276,11 +321,11 @@ def resolve(source) -> list[DataFile]:
     for item in items:
         if not isinstance(item, (str, os.PathLike)):
             raise ValueError(f"source entries must be paths or URIs, got {type(item).__name__}: {item!r}")
-        for file in _resolve_one(os.fspath(item)):
+        for file in retrying(retry_s, lambda: _resolve_one(os.fspath(item))):
             key = (file.filesystem.type_name, file.path)
             if key not in seen:
                 seen.add(key)
-                files.append(file)
+                files.append(replace(file, retry_s=retry_s))
     return files
 
 
@@ -378,10 +423,13 @@ def _hidden(relative: str) -> bool:
 def _read_footer(file: DataFile) -> tuple[DataFile, pa.Schema, list[int]] | Exception:
     """(the file with its size, schema, rows per row group), or the exception a corrupt footer raised.
     The footer stays in this process's cache (:meth:`DataFile.footer`) for the reads that follow."""
-    try:
+    def read() -> tuple[DataFile, pq.FileMetaData]:
         with file.open() as stream:  # one open (on object storage: one HEAD)
-            file = replace(file, size=stream.size())
-            metadata = file.footer(stream)
+            sized = replace(file, size=stream.size())
+            return sized, sized.footer(stream)
+
+    try:
+        file, metadata = retrying(file.retry_s, read)
         schema = metadata.schema.to_arrow_schema()
         return file, schema, [metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)]
     except (FileNotFoundError, StorageError):

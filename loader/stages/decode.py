@@ -32,7 +32,8 @@ import pyarrow.parquet as pq
 
 from loader.stages.clean import Chunk, ListColumn, clean, corrupt
 from loader.stages.rows import Sliced
-from loader.contract.sources import DataFile, SourceIndex, StorageError, Unit, carried_chunks, one_line, storage_error
+from loader.contract.sources import (DataFile, SourceIndex, StorageError, Unit, carried_chunks, one_line, retrying,
+                                     storage_error)
 from loader.stages.passes import PASSES
 
 # What pyarrow raises for pages that do not decode (bad compression, garbled encodings, short reads).
@@ -132,7 +133,11 @@ def fetch_unit(index: SourceIndex, unit: int, *, skip_corrupt: bool) -> RowGroup
 
 def _read_range(file: DataFile, start: int, stop: int) -> tuple[pa.Buffer, int]:
     """(bytes ``[start, stop)`` of ``file`` and ``_SLACK`` more where the file has them, the file's size);
-    :class:`StorageError` where the storage does not answer."""
+    :class:`StorageError` where the storage does not answer (tried again for ``file.retry_s`` s)."""
+    return retrying(file.retry_s, lambda: _read_range_once(file, start, stop))
+
+
+def _read_range_once(file: DataFile, start: int, stop: int) -> tuple[pa.Buffer, int]:
     with file.open() as stream:
         try:
             size = stream.size()
@@ -204,8 +209,8 @@ def decode_unit(index: SourceIndex, fetched: RowGroupBytes, *, max_seq_len: int 
         return corrupt(u.rows)
     file = index.files[u.file]
     try:
-        if fetched.streamed:
-            slices = _decode_part(index, fetched, file, sliced)
+        if fetched.streamed:  # a pass whose reads failed is closed: the part is tried anew on a new one
+            slices = retrying(file.retry_s, lambda: _decode_part(index, fetched, file, sliced))
         else:
             parquet = pq.ParquetFile(pa.PythonFile(_RangeFile(fetched.data, fetched.start, fetched.size), mode="r"),
                                      metadata=fetched.metadata)

@@ -68,7 +68,8 @@ def epoch_lengths(
     ``config`` shapes the batches as it shapes the loader's (its backend and planner are not used);
     ``progress(blocks, total=...)`` wraps the iterator over shuffle blocks (e.g. with tqdm).
     """
-    index = index_source(source, columns=config.contract, skip_corrupt=config.skip_corrupt)
+    index = index_source(source, columns=config.contract, skip_corrupt=config.skip_corrupt,
+                         storage_retry_s=config.storage_retry_s)
     run = EpochRun(index, config, epoch=epoch)
     plain = EpochRun(index, replace(config, compose=False), epoch=epoch) if config.compose else None
     batches: list = []

@@ -305,6 +305,23 @@ def test_a_read_failing_inside_a_pass_is_a_storage_error_never_a_corrupt_row_gro
     assert len(_read(index, parts[0]).rows.user_ids) == index.units[parts[0]].rows
 
 
+def test_a_pass_whose_reads_failed_is_tried_anew_within_storage_retry_s(tmp_path, monkeypatch):
+    """The same remote pass with ``storage_retry_s``: the connection dropped on its first try, the part is decoded
+    on a new pass from the row group's start, as it would have been."""
+    data = synth(tmp_path / "d", users=60, files=1, rows_per_group=20)
+    monkeypatch.setattr(sources, "PART_BYTES", 600)
+    index = index_source(str(data), storage_retry_s=5)
+    expected = {i: _read(index, i).rows.user_ids.tolist() for i, u in enumerate(index.units) if u.row_group == 1}
+    monkeypatch.setattr(sources.DataFile, "remote", True)
+    monkeypatch.setattr(decode, "REMOTE_PASS_BYTES", 0)
+    opened, tries = sources.DataFile.open, []
+    monkeypatch.setattr(sources.DataFile, "open",
+                        lambda self: tries.append(1) or (_Refusing(opened(self)) if len(tries) == 1 else opened(self)))
+    last = max(expected)  # the row group's last part: the new pass skips the parts before it
+    assert decode.read_unit(index, last, max_seq_len=None, skip_corrupt=False).rows.user_ids.tolist() == expected[last]
+    assert len(tries) == 2
+
+
 class _Refusing:
     """An open input stream whose reads fail as a dropped connection does."""
 

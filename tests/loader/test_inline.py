@@ -178,6 +178,9 @@ def test_bad_arguments_name_the_value(data):
         (dict(planner="greedy"), r"planner must be one of .*'naive'.*, got 'greedy'"),
         (dict(reader_nice=20), r"reader_nice must be an integer from 0 to 19, got 20"),
         (dict(reader_nice=-1), r"reader_nice must be an integer from 0 to 19, got -1"),
+        (dict(storage_retry_s=-1), r"storage_retry_s must be a number of seconds >= 0, got -1"),
+        (dict(storage_retry_s=float("inf")), r"storage_retry_s must be a number of seconds >= 0, got inf"),
+        (dict(storage_retry_s=True), r"storage_retry_s must be a number of seconds >= 0, got True"),
     ]
     for kwargs, message in cases:
         with pytest.raises(ValueError, match=message):

@@ -42,7 +42,7 @@ class _Reader:
 def readers(tmp_path, monkeypatch):
     monkeypatch.setattr(ray_backend, "_POLL_S", 0.1)
     index = index_source(synth(tmp_path, users=40, files=1))
-    config = LoaderConfig(ranks=3, microbatches=1, samples_per_step=10, liveness_timeout=0.5)
+    config = LoaderConfig(ranks=3, microbatches=1, samples_per_step=10, liveness_timeout=0.5, storage_retry_s=0.25)
     made = RayReaders(index, config)
     made.set([_Reader(True), _Reader(False)], ["node-a", "node-b"])
     return made
@@ -69,10 +69,12 @@ def test_silent_readers_lose_their_node_after_the_liveness_timeout(readers, monk
     asyncio.run(main())
 
 
-def test_a_read_that_waits_past_the_liveness_timeout_names_its_node(readers):
+def test_a_read_that_waits_past_the_liveness_timeout_and_its_storage_retries_names_its_node(readers):
     async def main():
+        started = asyncio.get_running_loop().time()
         with pytest.raises(NodeLost, match=r"node node-b was lost: its reader did not finish .* within "
-                                           r"liveness_timeout=0.5 s; restart the group"):
+                                           r"liveness_timeout=0.5 s \+ storage_retry_s=0.25 s; restart the group"):
             await readers.fetch(0, "node-b")
+        assert asyncio.get_running_loop().time() - started >= 0.75  # a read may spend its storage retries too
 
     asyncio.run(main())

@@ -36,14 +36,16 @@ def s3(tmp_path_factory):
         yield _upload(port, local), local
 
 
-def _upload(port: int, local) -> str:
-    """``local``'s files copied to the server on ``port`` (bucket ``BUCKET``, prefix ``data``): their URI."""
+def _upload(port: int, local, prefix: str = "data") -> str:
+    """``local``'s files copied to the server on ``port`` (bucket ``BUCKET``, ``prefix``): their URI. moto keeps
+    one store per process, whatever server answers: a test's own files take a prefix of their own, or they would
+    replace the module's."""
     query = f"endpoint_override=127.0.0.1:{port}&scheme=http&region=us-east-1"
     filesystem, _ = pafs.FileSystem.from_uri(f"s3://{BUCKET}?{query}&allow_bucket_creation=true")
     filesystem.create_dir(BUCKET)
-    pafs.copy_files(str(local), f"{BUCKET}/data", source_filesystem=pafs.LocalFileSystem(),
+    pafs.copy_files(str(local), f"{BUCKET}/{prefix}", source_filesystem=pafs.LocalFileSystem(),
                     destination_filesystem=filesystem)
-    return f"s3://{BUCKET}/data?{query}"
+    return f"s3://{BUCKET}/{prefix}?{query}"
 
 
 @pytest.mark.parametrize("backend", ["inline", "ray"])
@@ -140,37 +142,81 @@ def _chunk_end(chunk) -> int:
     return first + chunk.total_compressed_size
 
 
-@pytest.mark.parametrize("backend, skip_corrupt", [("inline", False), ("inline", True), ("ray", True)])
-def test_a_store_that_stops_answering_is_a_storage_error_never_rows_skipped(request, tmp_path, backend, skip_corrupt):
+@pytest.mark.parametrize("backend, skip_corrupt, retry", [("inline", False, 2), ("inline", True, 0), ("ray", True, 2)])
+def test_a_store_that_stops_answering_is_a_storage_error_never_rows_skipped(request, tmp_path, backend, skip_corrupt,
+                                                                           retry):
     """The store going down mid-epoch: the iterator raises StorageError naming the file (and the bytes it asked for),
-    once pyarrow's retries are spent (seconds), with ``skip_corrupt`` too: a read the store did not answer is not a
-    corrupt row group, and skipping it would drop the rows of every row group asked for while the store is down."""
+    once pyarrow's retries and the loader's (``storage_retry_s``) are spent, with ``skip_corrupt`` too: a read the
+    store did not answer is not a corrupt row group, and skipping it would drop the rows of every row group asked
+    for while the store is down."""
     local = synth(tmp_path / "src", users=400, max_len=40, files=2, rows_per_group=25)
     with loopback_s3() as (port, server):
         if backend == "ray":
             request.getfixturevalue("ray_address")  # after the credentials are set, if it starts here
-        uri = _upload(port, local)
+        uri = _upload(port, local, tmp_path.name)
         with SequenceLoader(uri, **backend_options(backend), ranks=2, microbatches=2, samples_per_step=32,
-                            shuffle_window=60, skip_corrupt=skip_corrupt, seed=1) as loader:
+                            shuffle_window=60, skip_corrupt=skip_corrupt, seed=1, storage_retry_s=retry) as loader:
             steps = loader.iter_steps()
             next(steps)
             server.stop()
             started = time.monotonic()
             with pytest.raises(StorageError, match=r"part-\d+\.parquet: (opening it|reading its footer|reading bytes "
                                r"\d+-\d+) from s3 storage failed \(.*\); the storage refused or did not answer: .* "
-                               r"no rows were skipped"):
+                               r"no rows were skipped" + (r" \(tried [2-9] times over \d+ s: storage_retry_s=2\)$" if retry
+                                                          else "$")):
                 for _ in steps:
                     pass
             assert time.monotonic() - started < 60
             assert sum(loader.stats()["rows_skipped"].values()) == 0
 
 
+SLOW_DOWN = (503, {}, b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>")
+OUTAGE_S = 8.0  # longer than the S3 client's own retries (about 6 s, some 30 requests, on loopback)
+
+
+@pytest.mark.parametrize("backend", ["inline", "ray"])
+def test_a_store_that_refuses_for_a_while_is_tried_again_and_the_epoch_is_as_from_disk(request, s3, backend,
+                                                                                      monkeypatch):
+    """Throttling (503 SlowDown to every request) for ``OUTAGE_S`` from the first row group's read: longer than the
+    S3 client's own retries, so without ``storage_retry_s`` the epoch ends with a StorageError; with it, each read is
+    tried again and the epoch is the one read from local disk, nothing skipped."""
+    uri, local = s3
+    if backend == "ray":
+        request.getfixturevalue("ray_address")
+    with SequenceLoader(local, backend="inline", **KWARGS) as disk:
+        expected = collect(disk)
+    answer, armed, outage = S3Response.key_response, [], []
+
+    def throttled(self, req, *args, **kwargs):
+        if armed and not outage and req.method == "GET" and req.headers.get("range"):
+            outage.append(time.monotonic() + OUTAGE_S)  # from the first ranged read once the loader is built
+        return SLOW_DOWN if outage and time.monotonic() < outage[0] else answer(self, req, *args, **kwargs)
+
+    monkeypatch.setattr(S3Response, "key_response", throttled)
+    if backend == "inline":
+        with SequenceLoader(uri, backend="inline", **KWARGS, storage_retry_s=0) as loader:
+            armed.append(True)
+            with pytest.raises(StorageError, match=r"SERVICE_UNAVAILABLE.* no rows were skipped$"):
+                collect(loader)
+        armed.clear(), outage.clear()
+    with SequenceLoader(uri, **backend_options(backend), **KWARGS, storage_retry_s=30) as loader:
+        armed.append(True)
+        got = collect(loader) if backend == "inline" else by_threads(loader, KWARGS["ranks"])
+        stats = loader.stats()
+    assert outage and time.monotonic() > outage[0]  # the reads ran into the outage and outlasted it
+    if backend == "ray":
+        M = KWARGS["microbatches"]
+        got = [[rank[s * M:(s + 1) * M] for rank in got] for s in range(len(got[0]) // M)]
+    assert got == expected
+    assert stats["rows_read"] == stats["rows_delivered"] == 200 and not stats["rows_skipped"]
+
+
 def test_a_store_that_does_not_answer_at_construction_is_a_storage_error(tmp_path):
     """Building a loader while the store is down: StorageError, not every file counted as corrupt and left out."""
     local = synth(tmp_path / "src", users=100, max_len=20, files=2, rows_per_group=25)
     with loopback_s3() as (port, server):
-        uri = _upload(port, local)
+        uri = _upload(port, local, tmp_path.name)
         server.stop()
-        with pytest.raises(StorageError, match=r"s3://histories/data: listing it from s3 storage failed \(.*\); "
+        with pytest.raises(StorageError, match=r"s3://histories/test_[a-z_0-9]+: listing it from s3 storage failed \(.*\); "
                            r"the storage refused or did not answer: .* no rows were skipped"):
             index_source(uri, skip_corrupt=True)

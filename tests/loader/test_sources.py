@@ -4,8 +4,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from loader.contract import sources
 from loader.contract.schema import Columns
-from loader.contract.sources import index_source, resolve
+from loader.contract.sources import StorageError, index_source, resolve
 
 from .helpers import synth
 
@@ -115,3 +116,71 @@ def test_units_carry_the_decoded_size_of_their_carried_columns_and_bound_the_rea
     assert decode.readahead_units(index, 2) == 3
     monkeypatch.setattr(decode, "READ_AHEAD_BYTES", largest // 2)
     assert decode.readahead_units(index, 2) == 1  # at least one
+
+
+class _Clock:
+    """A stand-in for the ``time`` module in :mod:`loader.contract.sources`: sleeping advances it."""
+
+    def __init__(self) -> None:
+        self.now, self.pauses = 100.0, []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.pauses.append(seconds)
+        self.now += seconds
+
+
+def _failing(times: int, clock: _Clock, spent: float = 6.0):
+    """An attempt that fails with a StorageError ``times`` times (each spending ``spent`` s, as pyarrow's own
+    retries do), then returns "bytes"; ``calls`` counts the tries."""
+    calls = []
+
+    def attempt():
+        calls.append(clock.now)
+        if len(calls) <= times:
+            clock.now += spent
+            raise StorageError(f"x.parquet: reading bytes 0-10 from s3 storage failed (try {len(calls)})")
+        return "bytes"
+
+    return attempt, calls
+
+
+def test_a_read_the_storage_did_not_answer_is_tried_again_until_storage_retry_s(monkeypatch, caplog):
+    clock = _Clock()
+    monkeypatch.setattr(sources, "time", clock)
+    attempt, calls = _failing(3, clock)
+    with caplog.at_level("WARNING", logger="loader.contract.sources"):
+        assert sources.retrying(30.0, attempt) == "bytes"  # a brief outage passes
+    assert len(calls) == 4 and clock.pauses == [0.25, 0.5, 1.0]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"x.parquet: reading bytes 0-10 from s3 storage failed (try {i}); trying again in {p:.2f} s "
+        "(storage_retry_s=30)" for i, p in [(1, 0.25), (2, 0.5), (3, 1.0)]]
+
+    attempt, calls = _failing(100, clock)  # a lasting one: the last error, saying how long it was tried
+    with pytest.raises(StorageError, match=r"failed \(try 4\) \(tried 4 times over 20 s: storage_retry_s=20\)"):
+        sources.retrying(20.0, attempt)
+    assert clock.pauses[3:] == [0.25, 0.5, 1.0]  # the fourth failure comes 19.75 s after the first: no room for 2 s
+
+    attempt, calls = _failing(1, clock)
+    with pytest.raises(StorageError, match=r"failed \(try 1\)$"):  # 0: tried once, the error as it was
+        sources.retrying(0.0, attempt)
+    assert len(calls) == 1 and len(clock.pauses) == 6
+
+    def corrupt():
+        calls.append(1)
+        raise ValueError("not a storage failure")
+
+    calls.clear()
+    with pytest.raises(ValueError):  # only what the storage did not answer is tried again
+        sources.retrying(30.0, corrupt)
+    assert calls == [1]
+
+
+def test_every_file_of_an_index_carries_the_storage_retry_time(tmp_path):
+    data = synth(tmp_path / "d", users=30, files=2, rows_per_group=7)
+    assert {f.retry_s for f in index_source(data).files} == {0.0}
+    index = index_source(data, storage_retry_s=12.5)
+    assert {f.retry_s for f in index.files} == {12.5}
+    assert index.only(3).files[0].retry_s == 12.5  # what a reader gets
