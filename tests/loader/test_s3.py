@@ -142,7 +142,7 @@ def _chunk_end(chunk) -> int:
     return first + chunk.total_compressed_size
 
 
-@pytest.mark.parametrize("backend, skip_corrupt, retry", [("inline", False, 2), ("inline", True, 0), ("ray", True, 2)])
+@pytest.mark.parametrize("backend, skip_corrupt, retry", [("inline", False, 0), ("inline", True, 0), ("ray", True, 2)])
 def test_a_store_that_stops_answering_is_a_storage_error_never_rows_skipped(request, tmp_path, backend, skip_corrupt,
                                                                            retry):
     """The store going down mid-epoch: the iterator raises StorageError naming the file (and the bytes it asked for),
