@@ -36,6 +36,12 @@ def s3(tmp_path_factory):
         yield _upload(port, local), local
 
 
+def _steps_of(by_rank: list[list]) -> list[list[list]]:
+    """Microbatches drained rank by rank ([rank][microbatch]) as steps: [step][rank][microbatch]."""
+    M = KWARGS["microbatches"]
+    return [[rank[s * M:(s + 1) * M] for rank in by_rank] for s in range(len(by_rank[0]) // M)]
+
+
 def _upload(port: int, local, prefix: str = "data") -> str:
     """``local``'s files copied to the server on ``port`` (bucket ``BUCKET``, ``prefix``): their URI. moto keeps
     one store per process, whatever server answers: a test's own files take a prefix of their own, or they would
@@ -61,9 +67,8 @@ def test_s3_rows_exactly_once_and_batches_as_from_local_disk(request, s3, backen
     with SequenceLoader(uri, **backend_options(backend), **KWARGS) as loader:
         got = collect(loader) if backend == "inline" else by_threads(loader, KWARGS["ranks"])
         stats = loader.stats()
-    if backend == "ray":  # [rank][microbatch] -> [step][rank][microbatch]
-        M = KWARGS["microbatches"]
-        got = [[rank[s * M:(s + 1) * M] for rank in got] for s in range(len(got[0]) // M)]
+    if backend == "ray":
+        got = _steps_of(got)
     assert got == expected
     assert histories(got) == source_histories(local, 30)
     assert stats["rows_read"] == stats["rows_delivered"] == 200
@@ -160,10 +165,10 @@ def test_a_store_that_stops_answering_is_a_storage_error_never_rows_skipped(requ
             next(steps)
             server.stop()
             started = time.monotonic()
+            tried = r" \(tried [2-9] times over \d+ s: storage_retry_s=2\)$" if retry else "$"
             with pytest.raises(StorageError, match=r"part-\d+\.parquet: (opening it|reading its footer|reading bytes "
                                r"\d+-\d+) from s3 storage failed \(.*\); the storage refused or did not answer: .* "
-                               r"no rows were skipped" + (r" \(tried [2-9] times over \d+ s: storage_retry_s=2\)$" if retry
-                                                          else "$")):
+                               r"no rows were skipped" + tried):
                 for _ in steps:
                     pass
             assert time.monotonic() - started < 60
@@ -198,16 +203,14 @@ def test_a_store_that_refuses_for_a_while_is_tried_again_and_the_epoch_is_as_fro
             armed.append(True)
             with pytest.raises(StorageError, match=r"SERVICE_UNAVAILABLE.* no rows were skipped$"):
                 collect(loader)
-        armed.clear(), outage.clear()
+        armed.clear()
+        outage.clear()
     with SequenceLoader(uri, **backend_options(backend), **KWARGS, storage_retry_s=30) as loader:
         armed.append(True)
         got = collect(loader) if backend == "inline" else by_threads(loader, KWARGS["ranks"])
         stats = loader.stats()
     assert outage and time.monotonic() > outage[0]  # the reads ran into the outage and outlasted it
-    if backend == "ray":
-        M = KWARGS["microbatches"]
-        got = [[rank[s * M:(s + 1) * M] for rank in got] for s in range(len(got[0]) // M)]
-    assert got == expected
+    assert (got if backend == "inline" else _steps_of(got)) == expected
     assert stats["rows_read"] == stats["rows_delivered"] == 200 and not stats["rows_skipped"]
 
 
@@ -217,6 +220,6 @@ def test_a_store_that_does_not_answer_at_construction_is_a_storage_error(tmp_pat
     with loopback_s3() as (port, server):
         uri = _upload(port, local, tmp_path.name)
         server.stop()
-        with pytest.raises(StorageError, match=r"s3://histories/test_[a-z_0-9]+: listing it from s3 storage failed \(.*\); "
-                           r"the storage refused or did not answer: .* no rows were skipped"):
+        with pytest.raises(StorageError, match=r"s3://histories/test_[a-z_0-9]+: listing it from s3 storage failed "
+                           r"\(.*\); the storage refused or did not answer: .* no rows were skipped"):
             index_source(uri, skip_corrupt=True)
