@@ -30,6 +30,8 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
         "counter", ("loader", "reason"), "rows skipped, per reason (null user id, ..., drop_last)"),
     "freescale_loader_steps": (
         "counter", ("loader",), "steps planned and handed to the ranks' queues"),
+    "freescale_loader_storage_retries": (
+        "counter", ("loader",), "reads the storage refused or did not answer, tried again (storage_retry_s)"),
     "freescale_loader_planner_ms_per_step": (
         "gauge", ("loader",), "mean planner milliseconds per step so far"),
     "freescale_loader_rows_per_second": (
@@ -79,7 +81,7 @@ class Publisher:
 
     def publish(self, stats: dict) -> None:
         tags = {"loader": self.loader}
-        for key in ("rows_read", "rows_delivered", "steps"):
+        for key in ("rows_read", "rows_delivered", "steps", "storage_retries"):
             self._count(f"freescale_loader_{key}", stats[key], tags)
         for reason, rows in stats["rows_skipped"].items():
             self._count("freescale_loader_rows_skipped", rows, {**tags, "reason": reason})

@@ -62,11 +62,19 @@ _T = TypeVar("_T")
 RETRY_PAUSES = (0.25, 8.0)  # the first pause between tries of a read the storage did not answer, and the longest
 
 
+class _Tally(threading.local):
+    retries = 0  # reads this thread tried again (:func:`retrying`)
+
+
+_TALLY = _Tally()
+
+
 def retrying(seconds: float, attempt: Callable[[], _T]) -> _T:
     """``attempt()``; tried again while it raises :class:`StorageError`, after pauses doubling from
-    ``RETRY_PAUSES[0]`` to ``RETRY_PAUSES[1]`` s, each logged as a warning, until ``seconds`` have passed since its
-    first failure: then its last StorageError, saying how long it was tried. Reads are pure: a read tried again
-    gives the same bytes, so the rows and their order never depend on it. ``seconds`` 0: tried once."""
+    ``RETRY_PAUSES[0]`` to ``RETRY_PAUSES[1]`` s, each logged as a warning and counted (:func:`counting_retries`),
+    until ``seconds`` have passed since its first failure: then its last StorageError, saying how long it was tried.
+    Reads are pure: a read tried again gives the same bytes, so the rows and their order never depend on it.
+    ``seconds`` 0: tried once."""
     pause, first = RETRY_PAUSES[0], None
     tries = 0
     while True:
@@ -82,8 +90,17 @@ def retrying(seconds: float, attempt: Callable[[], _T]) -> _T:
                 raise StorageError(f"{exc} (tried {tries} times over {now - first:.0f} s: storage_retry_s="
                                    f"{seconds:g})") from exc
             _LOG.warning("%s; trying again in %.2f s (storage_retry_s=%g)", exc, pause, seconds)
+            _TALLY.retries += 1
             time.sleep(pause)
             pause = min(2 * pause, RETRY_PAUSES[1])
+
+
+def counting_retries(work: Callable[[], _T]) -> tuple[_T, int]:
+    """``work()`` and how many reads :func:`retrying` tried again on this thread while it ran (what a row group's
+    meta and the index carry to ``stats()["storage_retries"]``)."""
+    before = _TALLY.retries
+    result = work()
+    return result, _TALLY.retries - before
 
 
 class _Answering:
@@ -225,7 +242,8 @@ class SourceIndex:
 
     ``lists`` are the list columns the loader carries, as (file column, Arrow value type): the
     items column first, then the timestamps column if the files have it, then per-event features.
-    ``skipped_files`` lists (path, reason) of corrupt files left out under ``skip_corrupt``.
+    ``skipped_files`` lists (path, reason) of corrupt files left out under ``skip_corrupt``; ``storage_retries``
+    counts the reads of the listing and the footers that were tried again (:func:`retrying`).
     """
 
     files: tuple[DataFile, ...]
@@ -233,6 +251,7 @@ class SourceIndex:
     columns: Columns
     lists: tuple[tuple[str, pa.DataType], ...]
     skipped_files: tuple[tuple[str, str], ...]
+    storage_retries: int = 0
 
     @property
     def rows(self) -> int:
@@ -278,9 +297,12 @@ def index_source(source, *, columns: Columns = Columns(), skip_corrupt: bool = F
     Raises FileNotFoundError for a path that matches nothing, ValueError naming the file (and the
     column) for a corrupt file (unless ``skip_corrupt``) or a schema that breaks the contract.
     """
-    files = resolve(source, storage_retry_s)
+    files, retries = counting_retries(lambda: resolve(source, storage_retry_s))
     with ThreadPoolExecutor(max_workers=min(_FOOTER_THREADS, len(files))) as pool:
-        footers = list(pool.map(_read_footer, files))
+        footers = []
+        for footer, tried in pool.map(lambda file: counting_retries(lambda: _read_footer(file)), files):
+            footers.append(footer)
+            retries += tried
     units: list[Unit] = []
     skipped: list[tuple[str, str]] = []
     kept: list[DataFile] = []
@@ -307,7 +329,7 @@ def index_source(source, *, columns: Columns = Columns(), skip_corrupt: bool = F
         raise ValueError(
             f"{source}: none of its {len(files)} Parquet file(s) is readable; every one is corrupt"
         )
-    return SourceIndex(tuple(kept), tuple(units), columns, tuple(reference[1].items()), tuple(skipped))
+    return SourceIndex(tuple(kept), tuple(units), columns, tuple(reference[1].items()), tuple(skipped), retries)
 
 
 def resolve(source, retry_s: float = 0.0) -> list[DataFile]:

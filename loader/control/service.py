@@ -76,7 +76,7 @@ class Service:
         self.here = here
         self.readahead = readahead
         self.message_bytes = message_bytes
-        self.stats = Stats(config.ranks, index.skipped_files)
+        self.stats = Stats(config.ranks, index.skipped_files, storage_retries=index.storage_retries)
         self.run: Run | None = None
         self._told: dict[int, tuple[int, int]] = {}  # rank -> (run, step) of the request whose ``taken`` was counted
         self._ids = itertools.count()

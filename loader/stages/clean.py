@@ -44,28 +44,31 @@ class ListColumn:
 @dataclass
 class Chunk:
     """A cleaned row group: ``status`` int8 (rows,) per row in file order, ``rows`` the valid ones (a part decoded
-    slice by slice: :class:`Sliced`)."""
+    slice by slice: :class:`Sliced`); ``retries``: reads of it the storage refused and were tried again."""
 
     status: np.ndarray
     rows: Rows | Sliced
+    retries: int = 0
 
     def meta(self) -> UnitMeta:
         """What the control plane needs of this row group: statuses and lengths, no events. Lengths
         and cuts travel as int32 (5-9 bytes a row), so a row group's meta stays small enough for
         Ray to pass inline instead of through the object store."""
         return UnitMeta(status=self.status, lengths=self.rows.lengths.astype(np.int32),
-                        cut=self.rows.cut.astype(np.int32))
+                        cut=self.rows.cut.astype(np.int32), retries=self.retries)
 
 
 @dataclass
 class UnitMeta:
     """A cleaned row group as the planner sees it: ``status`` int8 (rows,) in file order, and per
     valid row (in file order) its ``lengths`` and ``cut`` (events lost to ``max_seq_len``), int32
-    (valid,) each. A few bytes a row: this is all the coordinator ever receives of the data."""
+    (valid,) each, and the ``retries`` of its reads (``stats()["storage_retries"]``). A few bytes a row: this is all
+    the coordinator ever receives of the data."""
 
     status: np.ndarray
     lengths: np.ndarray
     cut: np.ndarray
+    retries: int = 0
 
 
 def clean(

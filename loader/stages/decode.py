@@ -23,7 +23,7 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pyarrow as pa
@@ -32,8 +32,8 @@ import pyarrow.parquet as pq
 
 from loader.stages.clean import Chunk, ListColumn, clean, corrupt
 from loader.stages.rows import Sliced
-from loader.contract.sources import (DataFile, SourceIndex, StorageError, Unit, carried_chunks, one_line, retrying,
-                                     storage_error)
+from loader.contract.sources import (DataFile, SourceIndex, StorageError, Unit, carried_chunks, counting_retries,
+                                     one_line, retrying, storage_error)
 from loader.stages.passes import PASSES
 
 # What pyarrow raises for pages that do not decode (bad compression, garbled encodings, short reads).
@@ -92,6 +92,7 @@ class RowGroupBytes:
     size: int = 0
     streamed: bool = False  # a part, taken from the process's pass over its row group (``data``: the whole row
     # group's carried chunks where its parts on object storage share them, else None: pages read as decoded)
+    retries: int = 0  # reads of the fetch tried again (:func:`loader.contract.sources.retrying`)
 
 
 def read_unit(index: SourceIndex, unit: int, *, max_seq_len: int | None, skip_corrupt: bool) -> Chunk:
@@ -106,6 +107,12 @@ def fetch_unit(index: SourceIndex, unit: int, *, skip_corrupt: bool) -> RowGroup
     On object storage (up to ``REMOTE_PASS_BYTES``) the parts of a row group share one fetch of the whole row
     group's chunks (:class:`_SharedFetches`): one request, made ahead like any row group's, where reading pages
     as decoded would ask ``REMOTE_BUFFER`` at a time, the decode waiting on each answer."""
+    fetched, retries = counting_retries(lambda: _fetch(index, unit, skip_corrupt))
+    return replace(fetched, retries=retries)
+
+
+def _fetch(index: SourceIndex, unit: int, skip_corrupt: bool) -> RowGroupBytes:
+    """:func:`fetch_unit`'s work."""
     u = index.units[unit]
     file = index.files[u.file]
     try:
@@ -201,8 +208,17 @@ def decode_unit(index: SourceIndex, fetched: RowGroupBytes, *, max_seq_len: int 
     slices pyarrow decoded, as a :class:`loader.stages.rows.Sliced`: the one copy they get is the put, not a copy
     into arrays of the whole part first.
     A row group that does not decode raises ValueError naming the file and row group, or with
-    ``skip_corrupt`` comes back with every row marked corrupt (counted, never delivered).
+    ``skip_corrupt`` comes back with every row marked corrupt (counted, never delivered). The chunk counts the
+    reads of its fetch and decode that were tried again (``Chunk.retries``).
     """
+    chunk, retries = counting_retries(lambda: _decode(index, fetched, max_seq_len, skip_corrupt, sliced))
+    chunk.retries = fetched.retries + retries
+    return chunk
+
+
+def _decode(index: SourceIndex, fetched: RowGroupBytes, max_seq_len: int | None, skip_corrupt: bool,
+            sliced: bool) -> Chunk:
+    """:func:`decode_unit`'s work."""
     unit = fetched.unit
     u = index.units[unit]
     if fetched.data is None and not fetched.streamed:

@@ -4,7 +4,8 @@ Counts are taken when the epoch order passes a row, one :class:`Counts` per plan
 every step boundary ``rows_read == rows_delivered + sum(rows_skipped)``. Rows of corrupt files
 whose footer cannot be read are unknown: such files are counted in ``files_skipped`` instead.
 Beside the counts: rows delivered per second over a recent window (:class:`Rate`) and, per rank,
-its queue depth, the seconds its iterator waited for messages and the bytes it mapped for them.
+its queue depth, the seconds its iterator waited for messages and the bytes it mapped for them; and the reads
+the storage refused that were tried again (``storage_retry_s``), counted wherever they were read.
 These figures are what :mod:`loader.backends.telemetry` publishes as Ray metrics.
 """
 
@@ -12,8 +13,10 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+
+from loader.stages.clean import UnitMeta
 
 RATE_WINDOW_S = 10.0  # rows per second are measured over this many seconds
 
@@ -46,9 +49,10 @@ class Stats:
     epoch): ``record`` keeps the first report of each (epoch, step) and ignores repeats.
     """
 
-    def __init__(self, ranks: int, skipped_files: tuple[tuple[str, str], ...] = (), *,
+    def __init__(self, ranks: int, skipped_files: tuple[tuple[str, str], ...] = (), *, storage_retries: int = 0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.counts = Counts()
+        self.storage_retries = storage_retries  # reads the storage refused and were tried again: index, readers
         self.steps = 0
         self.planner_seconds = 0.0
         self.planner_max = 0.0
@@ -91,6 +95,10 @@ class Stats:
         self.wait_seconds[rank] += seconds
         self.bytes_fetched[rank] += nbytes
 
+    def read(self, metas: Iterable[UnitMeta]) -> None:
+        """Add the retries of row groups the readers read (every read of one, however many runs read it)."""
+        self.storage_retries += sum(meta.retries for meta in metas)
+
     def record_end(self, epoch: int, counts: Counts) -> None:
         """Add what the epoch order passed after its last step."""
         if self._first(epoch, "end"):
@@ -116,6 +124,7 @@ class Stats:
             "tokens_delivered": self.tokens,
             "files_skipped": len(self.skipped_files),
             "skipped_files": [path for path, _ in self.skipped_files],
+            "storage_retries": self.storage_retries,
             "steps": self.steps,
             "planner_ms_per_step": 1e3 * self.planner_seconds / steps,
             "planner_ms_max": 1e3 * self.planner_max,

@@ -318,8 +318,9 @@ def test_a_pass_whose_reads_failed_is_tried_anew_within_storage_retry_s(tmp_path
     monkeypatch.setattr(sources.DataFile, "open",
                         lambda self: tries.append(1) or (_Refusing(opened(self)) if len(tries) == 1 else opened(self)))
     last = max(expected)  # the row group's last part: the new pass skips the parts before it
-    assert decode.read_unit(index, last, max_seq_len=None, skip_corrupt=False).rows.user_ids.tolist() == expected[last]
-    assert len(tries) == 2
+    chunk = decode.read_unit(index, last, max_seq_len=None, skip_corrupt=False)
+    assert chunk.rows.user_ids.tolist() == expected[last]
+    assert len(tries) == 2 and chunk.meta().retries == 1  # the control plane counts it (stats()["storage_retries"])
 
 
 class _Refusing:

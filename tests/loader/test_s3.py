@@ -212,6 +212,7 @@ def test_a_store_that_refuses_for_a_while_is_tried_again_and_the_epoch_is_as_fro
     assert outage and time.monotonic() > outage[0]  # the reads ran into the outage and outlasted it
     assert (got if backend == "inline" else _steps_of(got)) == expected
     assert stats["rows_read"] == stats["rows_delivered"] == 200 and not stats["rows_skipped"]
+    assert stats["storage_retries"] >= 1  # each read tried again is counted (and logged)
 
 
 def test_a_store_that_does_not_answer_at_construction_is_a_storage_error(tmp_path):

@@ -1,5 +1,7 @@
 """Sources: files, directories, globs, lists and URIs resolved to row groups; bad files named."""
 
+import threading
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -151,8 +153,8 @@ def test_a_read_the_storage_did_not_answer_is_tried_again_until_storage_retry_s(
     clock = _Clock()
     monkeypatch.setattr(sources, "time", clock)
     attempt, calls = _failing(3, clock)
-    with caplog.at_level("WARNING", logger="loader.contract.sources"):
-        assert sources.retrying(30.0, attempt) == "bytes"  # a brief outage passes
+    with caplog.at_level("WARNING", logger="loader.contract.sources"):  # a brief outage passes, counted
+        assert sources.counting_retries(lambda: sources.retrying(30.0, attempt)) == ("bytes", 3)
     assert len(calls) == 4 and clock.pauses == [0.25, 0.5, 1.0]
     assert [r.getMessage() for r in caplog.records] == [
         f"x.parquet: reading bytes 0-10 from s3 storage failed (try {i}); trying again in {p:.2f} s "
@@ -184,3 +186,25 @@ def test_every_file_of_an_index_carries_the_storage_retry_time(tmp_path):
     index = index_source(data, storage_retry_s=12.5)
     assert {f.retry_s for f in index.files} == {12.5}
     assert index.only(3).files[0].retry_s == 12.5  # what a reader gets
+    assert index.storage_retries == 0
+
+
+def test_an_index_counts_the_footer_reads_tried_again(tmp_path, monkeypatch):
+    """Footers are read on a thread pool: each read the storage refused is counted in the index (which the loader's
+    ``stats()["storage_retries"]`` starts from), however many threads read them."""
+    data = synth(tmp_path / "d", users=30, files=3, rows_per_group=7)
+    clock = _Clock()
+    monkeypatch.setattr(sources, "time", clock)
+    opened, refused = sources.DataFile.open, []
+    lock = threading.Lock()
+
+    def refusing(self):
+        with lock:  # the first two opens of each file fail
+            refused.append(self.path)
+            if refused.count(self.path) <= 2:
+                raise StorageError(f"{self.path}: opening it failed")
+        return opened(self)
+
+    monkeypatch.setattr(sources.DataFile, "open", refusing)
+    index = index_source(data, storage_retry_s=30)
+    assert len(index.files) == 3 and index.storage_retries == 6 and len(refused) == 9
