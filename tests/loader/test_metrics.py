@@ -11,6 +11,8 @@ import ray
 
 from loader import SequenceLoader
 from loader.backends.telemetry import METRICS
+from loader.contract import sources
+from loader.contract.sources import StorageError
 from loader.stages.stats import Rate, slowest_rank
 
 from tests.local_ray import local_ray
@@ -48,6 +50,33 @@ def test_inline_stats_report_each_rank_s_wait(tmp_path):
     assert steps == stats["steps"] > 0 and stats["rows_per_second"] > 0
     assert [(r["queue_depth"], r["bytes_fetched"]) for r in stats["ranks"]] == [(0, 0), (0, 0)]
     assert all(r["wait_seconds"] > 0 for r in stats["ranks"])
+
+
+def test_stats_count_the_reads_tried_again_from_the_index_on(tmp_path, monkeypatch):
+    """A footer refused once per file while the loader is built, then a row group's read refused once mid-epoch:
+    ``stats()["storage_retries"]`` counts both kinds (the index's, then the readers'), the epoch as without them."""
+    path, _ = messy(tmp_path / "d")
+    kwargs = dict(ranks=2, microbatches=2, samples_per_step=40, backend="inline", seed=3)
+    with SequenceLoader(path, **kwargs) as plain:
+        expected = [[[mb.user_ids.tolist() for mb in mbs] for mbs in step] for step in plain.iter_steps()]
+        files = len(plain.index.files)
+    opened, refused, building = sources.DataFile.open, set(), [True]
+
+    def refusing(self):  # each file's first open while the loader is built, then the epoch's first open
+        key = self.path if building[0] else "epoch"
+        if key not in refused:
+            refused.add(key)
+            raise StorageError(f"{self.path}: opening it failed")
+        return opened(self)
+
+    monkeypatch.setattr(sources.DataFile, "open", refusing)
+    monkeypatch.setattr(sources, "RETRY_PAUSES", (0.01, 0.01))
+    with SequenceLoader(path, **kwargs, storage_retry_s=5) as loader:
+        building[0] = False
+        assert loader.stats()["storage_retries"] == files
+        got = [[[mb.user_ids.tolist() for mb in mbs] for mbs in step] for step in loader.iter_steps()]
+        stats = loader.stats()
+    assert got == expected and stats["storage_retries"] == files + 1
 
 
 @pytest.fixture(scope="module")
