@@ -129,14 +129,11 @@ class MessageSteps(Sequence):
             raise IndexError(k)
         first, views = self._views(k)
         M, step, names, costs = self.M, self.steps[k], self.feature_names, self.costs
-        at = (k - first) * M
+        at, features = (k - first) * M, 3 + self.has_times
         # each microbatch's views: (user ids, offsets, items[, timestamps], *features); Microbatch's fields taken in
         # their order, by position (keywords and unpacking cost 20% of the 8-10 us a microbatch takes)
-        if self.has_times:
-            return [Microbatch(v[2], v[1], v[0], v[3], dict(zip(names, v[4:])), step, j, costs[k * M + j])
-                    for j, v in enumerate(views[at : at + M])]
-        return [Microbatch(v[2], v[1], v[0], None, dict(zip(names, v[3:])), step, j, costs[k * M + j])
-                for j, v in enumerate(views[at : at + M])]
+        return [Microbatch(v[2], v[1], v[0], v[3] if features == 4 else None, dict(zip(names, v[features:])), step, j,
+                           costs[k * M + j]) for j, v in enumerate(views[at : at + M])]
 
     def _views(self, k: int) -> tuple[int, list[tuple]]:
         """The views of the ``VIEW_STEPS`` steps from the one that holds step ``k``: (their first step, per microbatch
