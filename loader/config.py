@@ -30,6 +30,15 @@ DEFAULT_READER_NICE = 8
 DEFAULT_STORAGE_RETRY_S = 30.0
 
 
+def _seconds(key: str, value, *, zero: bool, meaning: str) -> None:
+    """ValueError naming ``key`` unless ``value`` is a finite number of seconds above 0 (``zero``: or 0); the message
+    ends with what the setting does (``meaning``)."""
+    number = not isinstance(value, bool) and isinstance(value, (int, float))
+    if not number or not (0 <= value if zero else 0 < value) or value == float("inf"):
+        kind = "a number of seconds >= 0" if zero else "a positive number of seconds"
+        raise ValueError(f"{key} must be {kind}, got {value!r}: {meaning}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class LoaderConfig(BatchSpec):
     """Everything that decides what the loader yields (the :class:`loader.spec.BatchSpec` of its steps, and
@@ -57,19 +66,12 @@ class LoaderConfig(BatchSpec):
     def __post_init__(self) -> None:
         super().__post_init__()
         positive("prefetch_steps", self.prefetch_steps)
-        retry = self.storage_retry_s
-        if isinstance(retry, bool) or not isinstance(retry, (int, float)) or not 0 <= retry < float("inf"):
-            raise ValueError(
-                f"storage_retry_s must be a number of seconds >= 0, got {retry!r}: how long a read the storage "
-                f"refused or did not answer is tried again before StorageError (0: never; default "
-                f"{DEFAULT_STORAGE_RETRY_S:g})"
-            )
-        timeout = self.liveness_timeout
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
-            raise ValueError(
-                f"liveness_timeout must be a positive number of seconds, got {timeout!r}; it bounds how long a rank "
-                f"waits on a silent coordinator, node or reader before raising (default {DEFAULT_LIVENESS_TIMEOUT:g})"
-            )
+        _seconds("storage_retry_s", self.storage_retry_s, zero=True,
+                 meaning="how long a read the storage refused or did not answer is tried again before StorageError "
+                         f"(0: never; default {DEFAULT_STORAGE_RETRY_S:g})")
+        _seconds("liveness_timeout", self.liveness_timeout, zero=False,
+                 meaning="it bounds how long a rank waits on a silent coordinator, node or reader before raising "
+                         f"(default {DEFAULT_LIVENESS_TIMEOUT:g})")
         nice = self.reader_nice
         if isinstance(nice, bool) or not isinstance(nice, (int, np.integer)) or not 0 <= nice <= 19:
             raise ValueError(

@@ -69,8 +69,9 @@ async def produce(service: Service, run: Run) -> None:
                 inflight.append(asyncio.ensure_future(service.readers.fetch(unit, homes.get(home))))
             reads = [await inflight.popleft() for _ in range(len(units))]
             sources.hold(units, reads)
-            service.stats.read(read.meta for read in reads)
-            planned = epoch_run.feed(block, [read.meta for read in reads])
+            metas = [read.meta for read in reads]
+            service.stats.read(metas)
+            planned = epoch_run.feed(block, metas)
             del reads  # the handles are the Sources' to drop or shrink (held here, a block's rows outlive its steps)
             while chunk := await asyncio.to_thread(lambda: list(itertools.islice(planned, chunk_steps))):
                 await messages.add(chunk)
