@@ -24,7 +24,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import TypeVar
@@ -162,6 +162,25 @@ class DataFile:
         except OSError as exc:
             raise storage_error(self.path, self.filesystem, "opening it", exc) from exc
 
+    @contextlib.contextmanager
+    def ranged(self) -> Iterator[Ranged]:
+        """The file open for reads of byte ranges (:class:`Ranged`); OSError where a read fails. A local file is
+        opened for the context. On object storage, this process's open handle of the file, kept for the next
+        reads (:class:`_OpenFiles`): opening an object asks the store for its size (a HEAD request: to moto's
+        server about half the CPU of the ranged GET of a 7 MB row group that follows, docs/benchmarks.md), so each
+        fetch would cost two requests; kept open, one. Its reads are positional, so threads share it; a read that
+        fails drops it, and the next read opens the file anew."""
+        if not self.remote:
+            with self.open() as stream:
+                yield Ranged(stream, positional=False)
+            return
+        handle = OPEN_FILES.get(self)
+        try:
+            yield Ranged(handle, positional=True)
+        except OSError:
+            OPEN_FILES.drop(self, handle)
+            raise
+
     def answering(self, what: str, stream=None) -> pa.PythonFile:
         """The file (or ``stream``, its already open input stream, left open) for a parser: a read that fails
         raises :class:`StorageError` naming ``what`` was read, where the parser's own error would call the file
@@ -199,6 +218,69 @@ class DataFile:
             return pq.ParquetFile(answering).metadata
 
 
+class Ranged:
+    """A file open for reads of byte ranges: ``read(start, nbytes)``, its ``size()``. ``positional``: each read
+    names its offset (the handle is shared by threads), else a seek and a read on a handle of one reader."""
+
+    def __init__(self, stream, *, positional: bool) -> None:
+        self.stream = stream
+        self.positional = positional
+
+    def size(self) -> int:
+        return self.stream.size()
+
+    def read(self, start: int, nbytes: int) -> pa.Buffer:
+        if self.positional:
+            return pa.py_buffer(self.stream.read_at(nbytes, start))
+        self.stream.seek(start)
+        return self.stream.read_buffer(nbytes)
+
+
+class _OpenFiles:
+    """Files on object storage kept open per process for ranged reads (:meth:`DataFile.ranged`), the most recently
+    used ``_OPEN_FILES``, each keyed by its filesystem object (held here with it, so no other takes its id), path
+    and size: a file is opened (one HEAD request) once per process and loader, not once per row group. A forked
+    child opens its own."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.files: OrderedDict[tuple, tuple[pafs.FileSystem, object]] = OrderedDict()
+        self.opening: dict[tuple, threading.Lock] = {}  # key -> held while a thread opens the file
+        self.pid = os.getpid()
+
+    def get(self, file: DataFile):
+        """The open handle of ``file``; opened here where none is (threads asking meanwhile wait for it)."""
+        key = (id(file.filesystem), file.path, file.size)
+        with self.lock:
+            if self.pid != os.getpid():
+                self.files, self.opening, self.pid = OrderedDict(), {}, os.getpid()
+            opening = self.opening.setdefault(key, threading.Lock())
+        with opening:  # not under self.lock: a slow store holds up no other file's reads
+            with self.lock:
+                if key in self.files:
+                    self.files.move_to_end(key)
+                    return self.files[key][1]
+            try:
+                handle = file.open()
+            finally:
+                with self.lock:
+                    self.opening.pop(key, None)
+            with self.lock:
+                self.files[key] = (file.filesystem, handle)
+                while len(self.files) > _OPEN_FILES:  # dropped, not closed: a read on another thread may use it
+                    self.files.popitem(last=False)
+            return handle
+
+    def drop(self, file: DataFile, handle) -> None:
+        """Forget ``handle`` of ``file`` (a read on it failed), unless another has taken its place."""
+        key = (id(file.filesystem), file.path, file.size)
+        with self.lock:
+            if key in self.files and self.files[key][1] is handle:
+                del self.files[key]
+
+
+_OPEN_FILES = 64  # files on object storage kept open per process
+OPEN_FILES = _OpenFiles()
 _FOOTERS = 256  # file footers kept per process
 _footer_lock = threading.Lock()
 _footers: OrderedDict[tuple, pq.FileMetaData] = OrderedDict()

@@ -145,12 +145,11 @@ def _read_range(file: DataFile, start: int, stop: int) -> tuple[pa.Buffer, int]:
 
 
 def _read_range_once(file: DataFile, start: int, stop: int) -> tuple[pa.Buffer, int]:
-    with file.open() as stream:
+    with file.ranged() as ranged:
         try:
-            size = stream.size()
+            size = ranged.size()
             if stop <= size:
-                stream.seek(start)
-                return stream.read_buffer(min(stop + _SLACK, size) - start), size
+                return ranged.read(start, min(stop + _SLACK, size) - start), size
         except OSError as exc:
             raise storage_error(file.path, file.filesystem, f"reading bytes {start}-{stop}", exc) from exc
     raise OSError(f"its column chunks end at byte {stop}, past the file's end ({size} bytes)")  # a corrupt footer
