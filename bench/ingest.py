@@ -72,7 +72,11 @@ each batch into the same jagged torch tensors (user ids, and per list column val
    process, its CPU counted; the files uploaded once, untimed): ``s3://bench/<set>?endpoint_override=...``. By
    default (``--s3-server ranged``) the server reads a ranged GET's bytes from the stored object at the range, as
    S3 does (:mod:`bench.s3server`); moto as shipped (``--s3-server moto``) reads the whole object for each one, a
-   cost per request that grows with the file and shares the loader's cores.
+   cost per request that grows with the file and shares the loader's cores. By default (``--s3-checksums skip``) the
+   bench's environment sets ``AWS_RESPONSE_CHECKSUM_VALIDATION=when_required``, as docs/loader.md tells users to
+   (reader actors set it themselves): the S3 client otherwise hashes every response body, though ranged reads carry
+   no checksum, about a CPU-second per GB between client and server here; ``--s3-checksums sdk`` keeps the SDK's
+   default.
 
 Every contender decodes the same columns (``--columns all``: user id and every list column; ``items``: user id and
 item ids only) and must deliver every row and token of the dataset (checked; a mismatch is reported).
@@ -1233,6 +1237,9 @@ def parse_args(argv) -> argparse.Namespace:
     ap.add_argument("--s3-server", choices=("ranged", "moto"), default="ranged", help="ours_s3's loopback server: "
                     "moto's, its ranged GETs read at their range as S3 serves them (ranged, bench/s3server.py), or "
                     "moto as shipped, which reads the whole object for each (default ranged)")
+    ap.add_argument("--s3-checksums", choices=("skip", "sdk"), default="skip", help="ours_s3's S3 client: "
+                    "AWS_RESPONSE_CHECKSUM_VALIDATION=when_required in the bench's environment, as docs/loader.md "
+                    "advises (skip), or the SDK's default, every response hashed (sdk) (default skip)")
     ap.add_argument("--json-out", type=Path, help="also write the result object to this file")
     args = ap.parse_args(argv)
     args.contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]
@@ -1338,6 +1345,8 @@ def main(argv=None) -> dict:
     print(f"disk free under {args.data_dir}: {free.f_bavail * free.f_frsize / 2**30:.1f} GiB", flush=True)
 
     if "ours_s3" in args.contenders and have_ours:
+        if args.s3_checksums == "skip":
+            os.environ["AWS_RESPONSE_CHECKSUM_VALIDATION"] = "when_required"  # before any S3 client
         _S3.append(S3Store(args.s3_server))  # before Ray starts: its readers inherit the credentials
         for ds in datasets:  # uploaded before any pass, so no warm-up's first batch waits for it
             _S3[0].uri(ds)
@@ -1418,7 +1427,8 @@ def main(argv=None) -> dict:
                          "columns": args.columns,
                          "ray_prefetch_batches": args.ray_prefetch, "quiet_wait_s": args.quiet_wait,
                          "quiet_cores": args.quiet_cores, "data_dir": str(args.data_dir), "reader_nice": args.reader_nice,
-                         "shuffle_window": args.shuffle_window, "s3_server": args.s3_server},
+                         "shuffle_window": args.shuffle_window, "s3_server": args.s3_server,
+                         "s3_checksums": args.s3_checksums},
               "datasets": datasets, "seconds": elapsed, "targets": targets, "rows": result_rows}
     if args.json_out:
         args.json_out.write_text(json.dumps(result, indent=1, default=str))

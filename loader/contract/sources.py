@@ -238,9 +238,10 @@ class Ranged:
 
 class _OpenFiles:
     """Files on object storage kept open per process for ranged reads (:meth:`DataFile.ranged`), the most recently
-    used ``_OPEN_FILES``, each keyed by its filesystem object (held here with it, so no other takes its id), path
-    and size: a file is opened (one HEAD request) once per process and loader, not once per row group. A forked
-    child opens its own."""
+    used ``_OPEN_FILES``, by path and size, each with the filesystem it was opened on: a file asked on an equal
+    filesystem (the same store and options: a reader actor unpickles the index's filesystem with every read) takes the
+    open one, so a file is opened (one HEAD request) once per process, not once per row group. A forked child opens
+    its own."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -250,16 +251,17 @@ class _OpenFiles:
 
     def get(self, file: DataFile):
         """The open handle of ``file``; opened here where none is (threads asking meanwhile wait for it)."""
-        key = (id(file.filesystem), file.path, file.size)
+        key = (file.filesystem.type_name, file.path, file.size)
         with self.lock:
             if self.pid != os.getpid():
                 self.files, self.opening, self.pid = OrderedDict(), {}, os.getpid()
             opening = self.opening.setdefault(key, threading.Lock())
         with opening:  # not under self.lock: a slow store holds up no other file's reads
             with self.lock:
-                if key in self.files:
+                held = self.files.get(key)
+                if held is not None and held[0].equals(file.filesystem):
                     self.files.move_to_end(key)
-                    return self.files[key][1]
+                    return held[1]
             try:
                 handle = file.open()
             finally:
@@ -267,16 +269,42 @@ class _OpenFiles:
                     self.opening.pop(key, None)
             with self.lock:
                 self.files[key] = (file.filesystem, handle)
+                self.files.move_to_end(key)
                 while len(self.files) > _OPEN_FILES:  # dropped, not closed: a read on another thread may use it
                     self.files.popitem(last=False)
             return handle
 
     def drop(self, file: DataFile, handle) -> None:
         """Forget ``handle`` of ``file`` (a read on it failed), unless another has taken its place."""
-        key = (id(file.filesystem), file.path, file.size)
+        key = (file.filesystem.type_name, file.path, file.size)
         with self.lock:
             if key in self.files and self.files[key][1] is handle:
                 del self.files[key]
+
+
+# pyarrow's S3 client (the AWS SDK) asks the store for response checksums on every GET by default and hashes every
+# response body as it arrives, though a ranged GET's response carries no checksum to check it against (S3 returns
+# none for a range): a CPU-second or so per GB read (docs/loader.md, "Object storage"). ``when_required`` skips it.
+CHECKSUM_SETTING = "AWS_RESPONSE_CHECKSUM_VALIDATION"
+_checksum_hint = threading.Event()
+
+
+def skip_response_checksums() -> None:
+    """In a process of the loader's own (a reader actor), before it makes S3 clients: the SDK's response checksums
+    off (``when_required``), unless the environment already chose (what it inherited from the driver is kept)."""
+    os.environ.setdefault(CHECKSUM_SETTING, "when_required")
+
+
+def _hint_response_checksums(files: list[DataFile]) -> None:
+    """Once per process: where this process reads S3 and the environment left the SDK's response checksums on,
+    say what they cost and how to skip them (the loader never changes a user's process's environment)."""
+    if (any(f.filesystem.type_name == "s3" for f in files) and CHECKSUM_SETTING not in os.environ
+            and not _checksum_hint.is_set()):
+        _checksum_hint.set()
+        _LOG.info("reading s3:// sources: pyarrow's S3 client hashes every response it reads (about a CPU-second "
+                  "per GB), though ranged reads carry no checksum to check; %s=when_required in the environment "
+                  "(before the first S3 read) skips that; reader actors set it themselves (docs/loader.md)",
+                  CHECKSUM_SETTING)
 
 
 _OPEN_FILES = 64  # files on object storage kept open per process
@@ -430,6 +458,7 @@ def resolve(source, retry_s: float = 0.0) -> list[DataFile]:
             if key not in seen:
                 seen.add(key)
                 files.append(replace(file, retry_s=retry_s))
+    _hint_response_checksums(files)
     return files
 
 

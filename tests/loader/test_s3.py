@@ -2,6 +2,9 @@
 the module): the same rows, exactly once, the same batches and the same resume as from local disk, on both
 backends; and the ranged reads behind the readers' read-ahead."""
 
+import os
+import pickle
+import threading
 import time
 
 import pyarrow as pa
@@ -101,6 +104,7 @@ def test_s3_a_row_group_is_one_request_and_a_file_is_opened_once(s3, monkeypatch
     by the process's readers, not once per row group: the epoch asks as many HEADs as there are files. A read the
     store answers with an error drops the open file, and the next read opens it anew."""
     uri, local = s3
+    monkeypatch.setattr(sources, "OPEN_FILES", sources._OpenFiles())  # none open yet in this process
     asked = []
     get, head = S3Response._key_response_get, S3Response.head_object
     counted_get = lambda self, *a, **k: asked.append("GET") or get(self, *a, **k)  # noqa: E731
@@ -120,6 +124,8 @@ def test_s3_a_row_group_is_one_request_and_a_file_is_opened_once(s3, monkeypatch
     unit = next(u for u, x in enumerate(index.units) if x.file == 0)
     fetch_unit(index, unit, skip_corrupt=False)
     opened = sources.OPEN_FILES.get(file)
+    # a reader actor gets the index pickled with each read: an equal filesystem takes the open file
+    assert sources.OPEN_FILES.get(pickle.loads(pickle.dumps(index.only(unit))).files[0]) is opened
     monkeypatch.setattr(S3Response, "_key_response_get", lambda self, *a, **k: (403, {}, "refused"))
     with pytest.raises(StorageError, match="reading bytes"):
         fetch_unit(index, unit, skip_corrupt=False)
@@ -127,6 +133,48 @@ def test_s3_a_row_group_is_one_request_and_a_file_is_opened_once(s3, monkeypatch
     asked.clear()
     assert fetch_unit(index, unit, skip_corrupt=False).data is not None
     assert sources.OPEN_FILES.get(file) is not opened and asked == ["HEAD", "GET"]
+
+
+def test_reader_processes_skip_the_sdks_response_checksums_unless_the_environment_chose(request, monkeypatch):
+    """A reader actor's process reads only byte ranges, whose responses carry no checksum: it turns the S3 client's
+    response hashing off before making clients, keeping a setting it inherited; the loader leaves a user's own
+    process alone and says, once, how to skip them there."""
+    request.getfixturevalue("ray_address")
+    import ray
+
+    from loader.backends.reader import give_back, take_readers
+
+    setting = sources.CHECKSUM_SETTING
+    readers, nodes = take_readers(1)
+    try:
+        assert ray.get(readers[0].__ray_call__.remote(lambda self: os.environ.get(setting))) == os.environ.get(
+            setting, "when_required")
+    finally:
+        give_back(readers, nodes)
+    monkeypatch.setenv(setting, "when_supported")
+    sources.skip_response_checksums()
+    assert os.environ[setting] == "when_supported"  # the environment's choice stands
+    monkeypatch.delenv(setting)
+    sources.skip_response_checksums()
+    assert os.environ[setting] == "when_required"
+
+
+def test_reading_s3_in_a_users_process_hints_once_at_the_response_checksums(s3, monkeypatch, caplog):
+    uri, _ = s3
+    monkeypatch.setattr(sources, "_checksum_hint", threading.Event())
+    monkeypatch.delenv(sources.CHECKSUM_SETTING, raising=False)
+    with caplog.at_level("INFO", logger="loader.contract.sources"):
+        index_source(uri)
+        index_source(uri)
+    hints = [r.getMessage() for r in caplog.records if sources.CHECKSUM_SETTING in r.getMessage()]
+    assert len(hints) == 1 and "when_required" in hints[0]
+    assert sources.CHECKSUM_SETTING not in os.environ  # never set in the user's process
+    monkeypatch.setattr(sources, "_checksum_hint", threading.Event())
+    monkeypatch.setenv(sources.CHECKSUM_SETTING, "when_supported")
+    caplog.clear()
+    with caplog.at_level("INFO", logger="loader.contract.sources"):
+        index_source(uri)
+    assert not [r for r in caplog.records if sources.CHECKSUM_SETTING in r.getMessage()]
 
 
 def test_s3_row_groups_over_the_fetch_limit_are_read_as_their_parts_decode(s3, monkeypatch):
