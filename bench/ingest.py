@@ -73,8 +73,8 @@ each batch into the same jagged torch tensors (user ids, and per list column val
    default (``--s3-server ranged``) the server reads a ranged GET's bytes from the stored object at the range, as
    S3 does (:mod:`bench.s3server`); moto as shipped (``--s3-server moto``) reads the whole object for each one, a
    cost per request that grows with the file and shares the loader's cores. By default (``--s3-checksums skip``) the
-   bench's environment sets ``AWS_RESPONSE_CHECKSUM_VALIDATION=when_required``, as docs/loader.md tells users to
-   (reader actors set it themselves): the S3 client otherwise hashes every response body, though ranged reads carry
+   bench's environment sets ``AWS_RESPONSE_CHECKSUM_VALIDATION=when_required`` before Ray starts, as docs/loader.md
+   tells users to: the S3 client otherwise hashes every response body, though ranged reads carry
    no checksum, about a CPU-second per GB between client and server here; ``--s3-checksums sdk`` keeps the SDK's
    default.
 

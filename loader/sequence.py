@@ -5,6 +5,7 @@ See docs/loader.md for the semantics (order, steps, state, faults, backends).
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Iterator, Mapping
@@ -17,6 +18,8 @@ from loader.microbatch import MessageSteps, Microbatch
 from loader.stages.pipeline import Resume
 from loader.contract.sources import index_source
 from loader.stages.state import make_state, read_state
+
+_LOG = logging.getLogger(__name__)
 
 
 class SequenceLoader:
@@ -43,6 +46,7 @@ class SequenceLoader:
         self.index = index_source(source, columns=self.config.contract, skip_corrupt=self.config.skip_corrupt,
                                   storage_retry_s=self.config.storage_retry_s)
         self.fingerprint = fingerprint(self.index, self.config)
+        _hint_response_checksums(self.index)
         if self.config.backend == "ray":
             from loader.backends.ray_backend import make_client  # Ray is imported only when used
 
@@ -177,3 +181,23 @@ class SequenceLoader:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+# pyarrow's S3 client (the AWS SDK) asks for response checksums on every GET by default and hashes every response
+# body as it arrives, though a ranged GET's response carries no checksum to check it against (S3 returns none for a
+# range): about a CPU-second per GB between client and server (docs/loader.md, "Object storage"). The loader reads
+# only ranges, but never changes the environment, which the process's other S3 clients read too: it says so, once.
+CHECKSUM_SETTING = "AWS_RESPONSE_CHECKSUM_VALIDATION"
+_checksum_hint = threading.Event()
+
+
+def _hint_response_checksums(index) -> None:
+    """Once per process: where the loader reads S3 and the environment left the SDK's response checksums on, say
+    what they cost and how to skip them (read here, at the public face: nothing below reads the environment)."""
+    if (CHECKSUM_SETTING not in os.environ and not _checksum_hint.is_set()
+            and any(f.filesystem.type_name == "s3" for f in index.files)):
+        _checksum_hint.set()
+        _LOG.info("reading s3:// sources: pyarrow's S3 client hashes every response it reads (about a CPU-second "
+                  "per GB), though the loader's ranged reads carry no checksum to check; %s=when_required in the "
+                  "environment skips that (set it before the first S3 read, and before Ray starts for its "
+                  "readers to inherit it; docs/loader.md)", CHECKSUM_SETTING)

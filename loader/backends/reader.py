@@ -27,7 +27,7 @@ from loader.stages.clean import UnitMeta
 from loader.backends.telemetry import record_read
 from loader.control.protocol import Lost
 from loader.stages.decode import decode_unit, fetch_unit, reader_priority
-from loader.contract.sources import SourceIndex, skip_response_checksums
+from loader.contract.sources import SourceIndex
 
 READER_RESTARTS = 8  # per reader actor; a reader that keeps dying points at a real problem
 READ_AHEAD = 1  # row groups a reader fetches while it decodes another
@@ -74,7 +74,6 @@ class Reader:
         # Ray sets OMP_NUM_THREADS=1 in a zero-CPU actor, and pyarrow sizes its thread pool from it: a part of
         # a row group (decoded on pyarrow's threads, loader.stages.decode) would decode on one core only
         pa.set_cpu_count(len(os.sched_getaffinity(0)))
-        skip_response_checksums()  # this process reads only byte ranges, whose responses carry no checksum
 
     @ray.method(concurrency_group="read")
     def read(self, unit: SourceIndex, max_seq_len: int | None, skip_corrupt: bool, loader: str,

@@ -282,31 +282,6 @@ class _OpenFiles:
                 del self.files[key]
 
 
-# pyarrow's S3 client (the AWS SDK) asks the store for response checksums on every GET by default and hashes every
-# response body as it arrives, though a ranged GET's response carries no checksum to check it against (S3 returns
-# none for a range): a CPU-second or so per GB read (docs/loader.md, "Object storage"). ``when_required`` skips it.
-CHECKSUM_SETTING = "AWS_RESPONSE_CHECKSUM_VALIDATION"
-_checksum_hint = threading.Event()
-
-
-def skip_response_checksums() -> None:
-    """In a process of the loader's own (a reader actor), before it makes S3 clients: the SDK's response checksums
-    off (``when_required``), unless the environment already chose (what it inherited from the driver is kept)."""
-    os.environ.setdefault(CHECKSUM_SETTING, "when_required")
-
-
-def _hint_response_checksums(files: list[DataFile]) -> None:
-    """Once per process: where this process reads S3 and the environment left the SDK's response checksums on,
-    say what they cost and how to skip them (the loader never changes a user's process's environment)."""
-    if (any(f.filesystem.type_name == "s3" for f in files) and CHECKSUM_SETTING not in os.environ
-            and not _checksum_hint.is_set()):
-        _checksum_hint.set()
-        _LOG.info("reading s3:// sources: pyarrow's S3 client hashes every response it reads (about a CPU-second "
-                  "per GB), though ranged reads carry no checksum to check; %s=when_required in the environment "
-                  "(before the first S3 read) skips that; reader actors set it themselves (docs/loader.md)",
-                  CHECKSUM_SETTING)
-
-
 _OPEN_FILES = 64  # files on object storage kept open per process
 OPEN_FILES = _OpenFiles()
 _FOOTERS = 256  # file footers kept per process
@@ -458,7 +433,6 @@ def resolve(source, retry_s: float = 0.0) -> list[DataFile]:
             if key not in seen:
                 seen.add(key)
                 files.append(replace(file, retry_s=retry_s))
-    _hint_response_checksums(files)
     return files
 
 

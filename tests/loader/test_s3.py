@@ -135,46 +135,27 @@ def test_s3_a_row_group_is_one_request_and_a_file_is_opened_once(s3, monkeypatch
     assert sources.OPEN_FILES.get(file) is not opened and asked == ["HEAD", "GET"]
 
 
-def test_reader_processes_skip_the_sdks_response_checksums_unless_the_environment_chose(request, monkeypatch):
-    """A reader actor's process reads only byte ranges, whose responses carry no checksum: it turns the S3 client's
-    response hashing off before making clients, keeping a setting it inherited; the loader leaves a user's own
-    process alone and says, once, how to skip them there."""
-    request.getfixturevalue("ray_address")
-    import ray
+def test_reading_s3_hints_once_at_the_clients_response_checksums_and_never_sets_them(s3, monkeypatch, caplog):
+    """pyarrow's S3 client hashes every response unless told otherwise: a loader reading ``s3://`` says so once per
+    process where the environment left it on, and never changes the environment (the process's other clients read
+    it too)."""
+    import loader.sequence as sequence
 
-    from loader.backends.reader import give_back, take_readers
-
-    setting = sources.CHECKSUM_SETTING
-    readers, nodes = take_readers(1)
-    try:
-        assert ray.get(readers[0].__ray_call__.remote(lambda self: os.environ.get(setting))) == os.environ.get(
-            setting, "when_required")
-    finally:
-        give_back(readers, nodes)
-    monkeypatch.setenv(setting, "when_supported")
-    sources.skip_response_checksums()
-    assert os.environ[setting] == "when_supported"  # the environment's choice stands
-    monkeypatch.delenv(setting)
-    sources.skip_response_checksums()
-    assert os.environ[setting] == "when_required"
-
-
-def test_reading_s3_in_a_users_process_hints_once_at_the_response_checksums(s3, monkeypatch, caplog):
     uri, _ = s3
-    monkeypatch.setattr(sources, "_checksum_hint", threading.Event())
-    monkeypatch.delenv(sources.CHECKSUM_SETTING, raising=False)
-    with caplog.at_level("INFO", logger="loader.contract.sources"):
-        index_source(uri)
-        index_source(uri)
-    hints = [r.getMessage() for r in caplog.records if sources.CHECKSUM_SETTING in r.getMessage()]
+    monkeypatch.setattr(sequence, "_checksum_hint", threading.Event())
+    monkeypatch.delenv(sequence.CHECKSUM_SETTING, raising=False)
+    with caplog.at_level("INFO", logger="loader.sequence"):
+        for _ in range(2):
+            SequenceLoader(uri, backend="inline", **KWARGS).close()
+    hints = [r.getMessage() for r in caplog.records if sequence.CHECKSUM_SETTING in r.getMessage()]
     assert len(hints) == 1 and "when_required" in hints[0]
-    assert sources.CHECKSUM_SETTING not in os.environ  # never set in the user's process
-    monkeypatch.setattr(sources, "_checksum_hint", threading.Event())
-    monkeypatch.setenv(sources.CHECKSUM_SETTING, "when_supported")
+    assert sequence.CHECKSUM_SETTING not in os.environ
+    monkeypatch.setattr(sequence, "_checksum_hint", threading.Event())
+    monkeypatch.setenv(sequence.CHECKSUM_SETTING, "when_required")
     caplog.clear()
-    with caplog.at_level("INFO", logger="loader.contract.sources"):
-        index_source(uri)
-    assert not [r for r in caplog.records if sources.CHECKSUM_SETTING in r.getMessage()]
+    with caplog.at_level("INFO", logger="loader.sequence"):
+        SequenceLoader(uri, backend="inline", **KWARGS).close()
+    assert not [r for r in caplog.records if sequence.CHECKSUM_SETTING in r.getMessage()]
 
 
 def test_s3_row_groups_over_the_fetch_limit_are_read_as_their_parts_decode(s3, monkeypatch):
