@@ -16,7 +16,7 @@ from loader.config import LoaderConfig, fingerprint
 from loader.backends.inline import InlineClient
 from loader.microbatch import MessageSteps, Microbatch
 from loader.stages.pipeline import Resume
-from loader.contract.sources import index_source
+from loader.contract.sources import SourceIndex, index_source
 from loader.stages.state import make_state, read_state
 
 _LOG = logging.getLogger(__name__)
@@ -191,7 +191,7 @@ CHECKSUM_SETTING = "AWS_RESPONSE_CHECKSUM_VALIDATION"
 _checksum_hint = threading.Event()
 
 
-def _hint_response_checksums(index) -> None:
+def _hint_response_checksums(index: SourceIndex) -> None:
     """Once per process: where the loader reads S3 and the environment left the SDK's response checksums on, say
     what they cost and how to skip them (read here, at the public face: nothing below reads the environment)."""
     if (CHECKSUM_SETTING not in os.environ and not _checksum_hint.is_set()
