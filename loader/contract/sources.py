@@ -163,8 +163,8 @@ class DataFile:
             raise storage_error(self.path, self.filesystem, "opening it", exc) from exc
 
     @contextlib.contextmanager
-    def ranged(self) -> Iterator[Ranged]:
-        """The file open for reads of byte ranges (:class:`Ranged`); OSError where a read fails. A local file is
+    def ranged(self) -> Iterator[_Seeking]:
+        """The file open for reads of byte ranges (``size()``, ``read(start, nbytes)``); OSError where a read fails. A local file is
         opened for the context. On object storage, this process's open handle of the file, kept for the next
         reads (:class:`_OpenFiles`): opening an object asks the store for its size (a HEAD request: to moto's
         server about half the CPU of the ranged GET of a 7 MB row group that follows, docs/benchmarks.md), so each
@@ -172,11 +172,11 @@ class DataFile:
         fails drops it, and the next read opens the file anew."""
         if not self.remote:
             with self.open() as stream:
-                yield Ranged(stream, positional=False)
+                yield _Seeking(stream)
             return
         handle = OPEN_FILES.get(self)
         try:
-            yield Ranged(handle, positional=True)
+            yield _Positional(handle)
         except OSError:
             OPEN_FILES.drop(self, handle)
             raise
@@ -218,22 +218,25 @@ class DataFile:
             return pq.ParquetFile(answering).metadata
 
 
-class Ranged:
-    """A file open for reads of byte ranges: ``read(start, nbytes)``, its ``size()``. ``positional``: each read
-    names its offset (the handle is shared by threads), else a seek and a read on a handle of one reader."""
+class _Seeking:
+    """A local file open for reads of byte ranges by one reader: a seek, then a read into pyarrow's memory pool."""
 
-    def __init__(self, stream, *, positional: bool) -> None:
+    def __init__(self, stream) -> None:
         self.stream = stream
-        self.positional = positional
 
     def size(self) -> int:
         return self.stream.size()
 
     def read(self, start: int, nbytes: int) -> pa.Buffer:
-        if self.positional:
-            return pa.py_buffer(self.stream.read_at(nbytes, start))
         self.stream.seek(start)
         return self.stream.read_buffer(nbytes)
+
+
+class _Positional(_Seeking):
+    """An object-storage file shared by threads: each read names its offset (one ranged GET), no position moves."""
+
+    def read(self, start: int, nbytes: int) -> pa.Buffer:
+        return pa.py_buffer(self.stream.read_at(nbytes, start))
 
 
 class _OpenFiles:
