@@ -52,7 +52,8 @@ class SequenceLoader:
 
             # torchrun's process count, read here at the public face (nothing below reads the environment)
             processes = int(os.environ.get("WORLD_SIZE", 1))
-            self._client = make_client(self.index, self.config, self.fingerprint, processes=processes)
+            self._client = make_client(self.index, self.config, self.fingerprint, processes=processes,
+                                       reader_env=reader_env())
         else:
             self._client = InlineClient(self.index, self.config)
         self._lock = threading.Lock()
@@ -189,6 +190,14 @@ class SequenceLoader:
 # only ranges, but never changes the environment, which the process's other S3 clients read too: it says so, once.
 CHECKSUM_SETTING = "AWS_RESPONSE_CHECKSUM_VALIDATION"
 _checksum_hint = threading.Event()
+# this process's S3 client settings that its loaders' reader actors run with too: Ray's workers inherit the
+# environment of where Ray started, not this process's (set after ray.init, or on a cluster started elsewhere)
+READER_SETTINGS = (CHECKSUM_SETTING,)
+
+
+def reader_env() -> dict[str, str]:
+    """The :data:`READER_SETTINGS` this process's environment sets, for its loaders' reader actors."""
+    return {name: os.environ[name] for name in READER_SETTINGS if name in os.environ}
 
 
 def _hint_response_checksums(index: SourceIndex) -> None:
@@ -199,5 +208,5 @@ def _hint_response_checksums(index: SourceIndex) -> None:
         _checksum_hint.set()
         _LOG.info("reading s3:// sources: pyarrow's S3 client hashes every response it reads (about a CPU-second "
                   "per GB), though the loader's ranged reads carry no checksum to check; %s=when_required in the "
-                  "environment skips that (set it before the first S3 read, and before Ray starts for its "
-                  "readers to inherit it; docs/loader.md)", CHECKSUM_SETTING)
+                  "environment skips that (set it before the first S3 read; the loader's reader actors run with it "
+                  "too; docs/loader.md)", CHECKSUM_SETTING)

@@ -346,7 +346,7 @@ class Host:
     with it. It ends once idle for ``idle_s`` seconds, or with its owner (the process that created it).
     """
 
-    def __init__(self, idle_s: float, readers: int) -> None:
+    def __init__(self, idle_s: float, readers: int, env: dict[str, str]) -> None:
         self.control: Control | None = None
         self.fingerprint: tuple | None = None
         self.attached: list[Where] = []  # the process of each attached loader
@@ -356,7 +356,8 @@ class Host:
         # readers start as this actor starts (beside the first attach, not after it: each is a process start and
         # imports); between loaders they wait warm in this process (loader.backends.reader.give_back)
         starter = concurrent.futures.ThreadPoolExecutor(1)
-        self.starting: concurrent.futures.Future | None = starter.submit(take_readers, readers)
+        self.env = env  # the readers' environment settings (its creator's: RayClient)
+        self.starting: concurrent.futures.Future | None = starter.submit(take_readers, readers, env)
         starter.shutdown(wait=False)  # its one thread ends with the start, not with this actor
         self.readers: tuple[list, list[str]] | None = None  # the armed loader's
 
@@ -369,8 +370,8 @@ class Host:
                 control = Control(index, config)  # its planner kernels load while the readers come
                 if self.starting is not None:
                     started, self.starting = self.starting, None
-                    give_back(*await asyncio.wrap_future(started))
-                self.readers = await asyncio.to_thread(take_readers, count)  # warm ones that answer, new for the rest
+                    give_back(*await asyncio.wrap_future(started), self.env)
+                self.readers = await asyncio.to_thread(take_readers, count, self.env)  # warm ones that answer, new for the rest
                 await control.set_readers(*self.readers)
                 self.control, self.fingerprint = control, tuple(fingerprint)
             elif tuple(fingerprint) != self.fingerprint:
@@ -399,7 +400,7 @@ class Host:
                                  if i not in health.dead and w.node not in health.lost]
             if not self.attached:
                 await control.close()
-                give_back(*self.readers)
+                give_back(*self.readers, self.env)
                 self.control = self.fingerprint = self.readers = None
                 self.expiry = asyncio.ensure_future(self._expire())
             return len(self.attached)
@@ -512,14 +513,16 @@ def connect(address: str | None, *, name: str | None = None, processes: int = 1)
     ray.init(address=address)
 
 
-def make_client(index: SourceIndex, config: LoaderConfig, fingerprint: int, *, processes: int = 1):
+def make_client(index: SourceIndex, config: LoaderConfig, fingerprint: int, *, processes: int = 1,
+                reader_env: dict[str, str] | None = None):
     """The Ray backend's client in this process: :class:`ThreadClient` for an unnamed loader whose readers are
     threads here (``readers="threads"``, or ``"auto"`` when this node is the only one of this Ray with CPUs),
-    :class:`RayClient` otherwise. ``processes``: trainer processes sharing a named loader (torchrun's)."""
+    :class:`RayClient` otherwise. ``processes``: trainer processes sharing a named loader (torchrun's);
+    ``reader_env``: environment settings of this process that reader actors take with them (:class:`RayClient`)."""
     connect(config.ray_address, name=config.name, processes=processes)
     if config.name is None and (config.readers == "threads" or (config.readers == "auto" and _only_node())):
         return ThreadClient(index, config)
-    return RayClient(index, config, fingerprint)
+    return RayClient(index, config, fingerprint, reader_env or {})
 
 
 def _only_node() -> bool:
@@ -568,10 +571,15 @@ class RayClient:
     use of it): it then lives no longer than its owner (idle, it ends after ``COORDINATOR_IDLE_S``),
     and a node lost elsewhere takes no control plane with it. Every call to it is bounded by
     ``liveness_timeout``; Ray's exceptions about it end here, as :class:`loader.errors.CoordinatorLost`.
+
+    ``reader_env``: environment variables the reader actors run with (the S3 client's settings this process chose:
+    ``loader.sequence``), whichever environment Ray's workers inherited where it started; a named coordinator's
+    readers take its creator's.
     """
 
-    def __init__(self, index: SourceIndex, config: LoaderConfig, fingerprint: int) -> None:
+    def __init__(self, index: SourceIndex, config: LoaderConfig, fingerprint: int, reader_env: dict[str, str]) -> None:
         self.config = config
+        self.reader_env = reader_env
         shape = (fingerprint, config.locality, config.ranks_per_node)
         count = config.num_readers or max(1, int(ray.available_resources().get("CPU", 1)))
         here = ray.get_runtime_context().get_node_id()
@@ -581,13 +589,14 @@ class RayClient:
         self.readers: tuple[list, list[str]] | None = None  # an unnamed loader's, given back on close
         if config.name is None:
             self.control = LocalControl(index, config)
-            self.readers = take_readers(count)
+            self.readers = take_readers(count, reader_env)
             self.control.set_readers(*self.readers)
             return
         options = {"namespace": NAMESPACE, "name": coordinator_name(config.name), "get_if_exists": True,
                    "scheduling_strategy": NodeAffinitySchedulingStrategy(here, soft=False)}
         for attempt in range(ATTACH_ATTEMPTS):
-            self.control = ActorControl(Coordinator.options(**options).remote(COORDINATOR_IDLE_S, count))
+            self.control = ActorControl(Coordinator.options(**options).remote(COORDINATOR_IDLE_S, count,
+                                                                                     reader_env))
             # Held past this loader's close: Ray ends a named actor once its creator drops the handle it
             # created with. A handle to the same actor found later (equal) must not replace that one.
             if _coordinators.get(config.name) != self.control.handle:
@@ -641,7 +650,7 @@ class RayClient:
                 self._detach()
         finally:
             if self.readers is not None:  # an unnamed loader's: warm for this process's next loader
-                give_back(*self.readers)
+                give_back(*self.readers, self.reader_env)
 
     def _detach(self) -> None:
         """Leave the named coordinator; the last loader to leave closes its control plane (the coordinator

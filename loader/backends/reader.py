@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -144,37 +145,45 @@ def _running(pid: int) -> bool:
 # ---------------------------------------------------------------- warm readers of this process
 
 _lock = threading.Lock()
-_idle: dict[str, list[tuple[str, object]]] = {}  # Ray job id -> [(node id, reader)] not serving a loader
+# (Ray job id, environment settings) -> [(node id, reader)] not serving a loader
+_idle: dict[tuple[str, tuple[tuple[str, str], ...]], list[tuple[str, object]]] = {}
 
 
-def take_readers(count: int) -> tuple[list, list[str]]:
+def take_readers(count: int, env: Mapping[str, str] | None = None) -> tuple[list, list[str]]:
     """``count`` readers, round-robin over :func:`reader_nodes`, and the node each is pinned to:
-    warm ones of this process first (those that still answer), new ones for the rest."""
+    warm ones of this process first (those that still answer), new ones for the rest.
+
+    ``env``: environment variables the readers' processes run with (Ray's ``runtime_env``), over those Ray's workers
+    inherit from where Ray started; a warm reader serves only a loader that asks for the same ones."""
     nodes = reader_nodes()
     with _lock:
         job = ray.get_runtime_context().get_job_id()
-        for other in [j for j in _idle if j != job]:  # handles of an earlier ray.init: gone
+        for other in [key for key in _idle if key[0] != job]:  # handles of an earlier ray.init: gone
             del _idle[other]
-        idle = _idle.pop(job, [])
+        idle = _idle.pop(_pool_key(env), [])
     wanted = [nodes[i % len(nodes)] for i in range(count)]
     warm: list = [None] * count
     for i, node in enumerate(wanted):
         match = next((k for k in reversed(range(len(idle))) if idle[k][0] == node), None)  # the latest parked
         if match is not None:
             warm[i] = idle.pop(match)[1]
-    _park(idle)  # more warm readers than wanted: they wait for another loader
+    _park(idle, env)  # more warm readers than wanted: they wait for another loader
     alive = {id(r) for r in _answering([r for r in warm if r is not None])}
-    return [reader if id(reader) in alive else _start(node) for reader, node in zip(warm, wanted)], wanted
+    return [reader if id(reader) in alive else _start(node, env) for reader, node in zip(warm, wanted)], wanted
 
 
-def give_back(readers: list, nodes: list[str]) -> None:
-    """Readers of a closed loader wait here for the next loader of this process."""
-    _park(list(zip(nodes, readers)))
+def give_back(readers: list, nodes: list[str], env: Mapping[str, str] | None = None) -> None:
+    """Readers of a closed loader (taken with ``env``) wait here for the next loader of this process."""
+    _park(list(zip(nodes, readers)), env)
 
 
-def _park(pairs: list[tuple[str, object]]) -> None:
+def _pool_key(env: Mapping[str, str] | None) -> tuple[str, tuple[tuple[str, str], ...]]:
+    return ray.get_runtime_context().get_job_id(), tuple(sorted((env or {}).items()))
+
+
+def _park(pairs: list[tuple[str, object]], env: Mapping[str, str] | None) -> None:
     with _lock:
-        _idle.setdefault(ray.get_runtime_context().get_job_id(), []).extend(pairs)
+        _idle.setdefault(_pool_key(env), []).extend(pairs)
 
 
 def shutdown_readers() -> None:
@@ -189,9 +198,10 @@ def shutdown_readers() -> None:
             pass
 
 
-def _start(node: str):
+def _start(node: str, env: Mapping[str, str] | None):
+    extra = {"runtime_env": {"env_vars": dict(env)}} if env else {}
     return Reader.options(
-        scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False), max_restarts=READER_RESTARTS
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False), max_restarts=READER_RESTARTS, **extra
     ).remote()
 
 

@@ -216,6 +216,37 @@ def test_reader_actors_decode_on_every_core_of_their_node(ray_address, data):
     assert pools == [len(os.sched_getaffinity(0))] * 2
 
 
+def test_reader_actors_run_with_this_processs_s3_client_settings(ray_address, data, monkeypatch):
+    """Ray's workers inherit the environment of where Ray started: a setting of the S3 client made afterwards (here,
+    or on a cluster started elsewhere) reaches the loader's reader actors, named loader or not, through their
+    runtime_env; warm readers serve only loaders of the same settings, and a loader without it gets readers
+    without it."""
+    import loader.sequence as sequence
+
+    setting = sequence.CHECKSUM_SETTING
+
+    def seen(loader) -> list:
+        return ray.get([r.__ray_call__.remote(lambda _: os.environ.get(setting)) for r in loader.reader_handles()])
+
+    kwargs = dict(backend="ray", ranks=2, microbatches=2, samples_per_step=12, num_readers=2)
+    monkeypatch.delenv(setting, raising=False)
+    with SequenceLoader(data, readers="actors", **kwargs) as loader:
+        assert seen(loader) == [None, None]  # Ray started without it
+        plain = {r._actor_id for r in loader.reader_handles()}
+    monkeypatch.setenv(setting, "when_required")
+    with SequenceLoader(data, readers="actors", **kwargs) as loader:
+        assert seen(loader) == ["when_required"] * 2
+        assert not plain & {r._actor_id for r in loader.reader_handles()}  # not the warm ones without it
+        with SequenceLoader(data, **{**kwargs, "backend": "inline"}) as inline:
+            assert collect(loader) == collect(inline)  # and they read as readers do
+    with SequenceLoader(data, name="settings", **kwargs) as loader:
+        assert seen(loader) == ["when_required"] * 2
+    monkeypatch.delenv(setting)
+    with SequenceLoader(data, readers="actors", **kwargs) as loader:
+        assert seen(loader) == [None, None]
+        assert {r._actor_id for r in loader.reader_handles()} == plain  # the warm ones without it
+
+
 def test_killed_readers_restart_without_loss_or_repeat(ray_address, data):
     kwargs = dict(ranks=2, microbatches=2, samples_per_step=12, shuffle_window=25, num_readers=2, seed=9)
     with SequenceLoader(data, backend="ray", readers="actors", **kwargs) as loader:
