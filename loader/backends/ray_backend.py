@@ -371,7 +371,8 @@ class Host:
                 if self.starting is not None:
                     started, self.starting = self.starting, None
                     give_back(*await asyncio.wrap_future(started), self.env)
-                self.readers = await asyncio.to_thread(take_readers, count, self.env)  # warm ones that answer, new for the rest
+                # warm ones that answer, new ones for the rest
+                self.readers = await asyncio.to_thread(take_readers, count, self.env)
                 await control.set_readers(*self.readers)
                 self.control, self.fingerprint = control, tuple(fingerprint)
             elif tuple(fingerprint) != self.fingerprint:
@@ -595,8 +596,8 @@ class RayClient:
         options = {"namespace": NAMESPACE, "name": coordinator_name(config.name), "get_if_exists": True,
                    "scheduling_strategy": NodeAffinitySchedulingStrategy(here, soft=False)}
         for attempt in range(ATTACH_ATTEMPTS):
-            self.control = ActorControl(Coordinator.options(**options).remote(COORDINATOR_IDLE_S, count,
-                                                                                     reader_env))
+            coordinator = Coordinator.options(**options).remote(COORDINATOR_IDLE_S, count, reader_env)
+            self.control = ActorControl(coordinator)
             # Held past this loader's close: Ray ends a named actor once its creator drops the handle it
             # created with. A handle to the same actor found later (equal) must not replace that one.
             if _coordinators.get(config.name) != self.control.handle:
