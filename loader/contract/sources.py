@@ -174,11 +174,11 @@ class DataFile:
             with self.open() as stream:
                 yield _Seeking(stream)
             return
-        handle = OPEN_FILES.get(self)
+        shared = OPEN_FILES.get(self)
         try:
-            yield _Positional(handle)
+            yield shared
         except OSError:
-            OPEN_FILES.drop(self, handle)
+            OPEN_FILES.drop(self, shared)
             raise
 
     def answering(self, what: str, stream=None) -> pa.PythonFile:
@@ -233,9 +233,21 @@ class _Seeking:
 
 
 class _Positional(_Seeking):
-    """An object-storage file shared by threads: each read names its offset (one ranged GET), no position moves."""
+    """An object-storage file shared by threads, one ranged GET a read. A read seeks and reads into pyarrow's memory
+    pool where no other thread is reading the handle; one that finds it busy reads at its offset (``read_at``), which
+    moves no position but lands in a new Python ``bytes``: its pages are fresh to the process, a 4 KiB page fault
+    each (240k per GB, 0.2-0.5 client CPU-s: docs/benchmarks.md, thirty-third session), where the pool's are reused."""
+
+    def __init__(self, stream) -> None:
+        super().__init__(stream)
+        self.seeking = threading.Lock()
 
     def read(self, start: int, nbytes: int) -> pa.Buffer:
+        if self.seeking.acquire(blocking=False):
+            try:
+                return super().read(start, nbytes)
+            finally:
+                self.seeking.release()
         return pa.py_buffer(self.stream.read_at(nbytes, start))
 
 
@@ -248,12 +260,13 @@ class _OpenFiles:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.files: OrderedDict[tuple, tuple[pafs.FileSystem, object]] = OrderedDict()
+        self.files: OrderedDict[tuple, tuple[pafs.FileSystem, _Positional]] = OrderedDict()
         self.opening: dict[tuple, threading.Lock] = {}  # key -> held while a thread opens the file
         self.pid = os.getpid()
 
-    def get(self, file: DataFile):
-        """The open handle of ``file``; opened here where none is (threads asking meanwhile wait for it)."""
+    def get(self, file: DataFile) -> _Positional:
+        """``file`` open, shared by this process's threads; opened here where it is not (threads asking meanwhile
+        wait for it)."""
         key = (file.filesystem.type_name, file.path, file.size)
         with self.lock:
             if self.pid != os.getpid():
@@ -266,7 +279,7 @@ class _OpenFiles:
                     self.files.move_to_end(key)
                     return held[1]
             try:
-                handle = file.open()
+                handle = _Positional(file.open())
             finally:
                 with self.lock:
                     self.opening.pop(key, None)
@@ -277,7 +290,7 @@ class _OpenFiles:
                     self.files.popitem(last=False)
             return handle
 
-    def drop(self, file: DataFile, handle) -> None:
+    def drop(self, file: DataFile, handle: _Positional) -> None:
         """Forget ``handle`` of ``file`` (a read on it failed), unless another has taken its place."""
         key = (file.filesystem.type_name, file.path, file.size)
         with self.lock:

@@ -134,6 +134,18 @@ def test_s3_a_row_group_is_one_request_and_a_file_is_opened_once(s3, monkeypatch
     assert fetch_unit(index, unit, skip_corrupt=False).data is not None
     assert sources.OPEN_FILES.get(file) is not opened and asked == ["HEAD", "GET"]
 
+    # a read of the shared file seeks and reads into pyarrow's pool; one that finds another thread's read under way
+    # reads at its offset: both one GET, the same bytes as the local file's
+    with file.ranged() as shared:
+        asked.clear()
+        free = shared.read(3, 500).to_pybytes()
+        with shared.seeking:  # another thread's read under way
+            busy = shared.read(3, 500).to_pybytes()
+        assert asked == ["GET", "GET"]
+    with open(os.path.join(local, os.path.basename(file.path)), "rb") as f:
+        f.seek(3)
+        assert free == busy == f.read(500)
+
 
 def test_reading_s3_hints_once_at_the_clients_response_checksums_and_never_sets_them(s3, monkeypatch, caplog):
     """pyarrow's S3 client hashes every response unless told otherwise: a loader reading ``s3://`` says so once per
