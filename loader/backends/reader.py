@@ -156,11 +156,11 @@ def take_readers(count: int, env: Mapping[str, str] | None = None) -> tuple[list
     ``env``: environment variables the readers' processes run with (Ray's ``runtime_env``), over those Ray's workers
     inherit from where Ray started; a warm reader serves only a loader that asks for the same ones."""
     nodes = reader_nodes()
+    key = _pool_key(env)
     with _lock:
-        job = ray.get_runtime_context().get_job_id()
-        for other in [key for key in _idle if key[0] != job]:  # handles of an earlier ray.init: gone
+        for other in [k for k in _idle if k[0] != key[0]]:  # handles of an earlier ray.init: gone
             del _idle[other]
-        idle = _idle.pop(_pool_key(env), [])
+        idle = _idle.pop(key, [])
     wanted = [nodes[i % len(nodes)] for i in range(count)]
     warm: list = [None] * count
     for i, node in enumerate(wanted):
@@ -178,12 +178,14 @@ def give_back(readers: list, nodes: list[str], env: Mapping[str, str] | None = N
 
 
 def _pool_key(env: Mapping[str, str] | None) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """Where warm readers of ``env`` wait in :data:`_idle`: (this Ray job, the settings, sorted)."""
     return ray.get_runtime_context().get_job_id(), tuple(sorted((env or {}).items()))
 
 
 def _park(pairs: list[tuple[str, object]], env: Mapping[str, str] | None) -> None:
+    key = _pool_key(env)
     with _lock:
-        _idle.setdefault(_pool_key(env), []).extend(pairs)
+        _idle.setdefault(key, []).extend(pairs)
 
 
 def shutdown_readers() -> None:

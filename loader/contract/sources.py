@@ -164,11 +164,11 @@ class DataFile:
 
     @contextlib.contextmanager
     def ranged(self) -> Iterator[_Seeking]:
-        """The file open for reads of byte ranges (``size()``, ``read(start, nbytes)``); OSError where a read fails. A local file is
-        opened for the context. On object storage, this process's open handle of the file, kept for the next
-        reads (:class:`_OpenFiles`): opening an object asks the store for its size (a HEAD request: to moto's
-        server about half the CPU of the ranged GET of a 7 MB row group that follows, docs/benchmarks.md), so each
-        fetch would cost two requests; kept open, one. Its reads are positional, so threads share it; a read that
+        """The file open for reads of byte ranges (``size()``, ``read(start, nbytes)``); OSError where a read fails.
+        A local file is opened for the context. On object storage, this process's open handle of the file, kept for
+        the next reads (:class:`_OpenFiles`): opening an object asks the store for its size (a HEAD request: to
+        moto's server about half the CPU of the ranged GET of a 7 MB row group that follows, docs/benchmarks.md), so
+        each fetch would cost two requests; kept open, one. Threads share it (:class:`_Positional`); a read that
         fails drops it, and the next read opens the file anew."""
         if not self.remote:
             with self.open() as stream:
@@ -219,7 +219,8 @@ class DataFile:
 
 
 class _Seeking:
-    """A local file open for reads of byte ranges by one reader: a seek, then a read into pyarrow's memory pool."""
+    """A file open for reads of byte ranges by one thread at a time: a seek, then a read into pyarrow's memory
+    pool."""
 
     def __init__(self, stream) -> None:
         self.stream = stream
