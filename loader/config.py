@@ -144,6 +144,15 @@ class LoaderConfig(BatchSpec):
         nodes = self.ranks // self.ranks_per_node
         return max(self.window, nodes * int(np.max(unit_rows, initial=0)))
 
+    def first_block_rows(self, unit_rows: np.ndarray) -> int:
+        """Rows of an epoch's first shuffle block (:mod:`loader.stages.order`): one global batch, so an epoch's first
+        step waits for the decode of the units that hold one (where a block of :meth:`block_rows` is one row group in
+        parts, read in one pass, it waited for all of them), except where the blocks are sized for declared trainer
+        nodes, whose first block keeps that size so that every node is home to its share of the first steps."""
+        if self.ranks_per_node is not None and self.ranks > self.ranks_per_node and self.shuffle_window is None:
+            return self.block_rows(unit_rows)
+        return self.samples_per_step
+
     @property
     def contract(self) -> Columns:
         return self.columns or Columns()
@@ -164,7 +173,9 @@ def fingerprint(index: SourceIndex, config: LoaderConfig) -> int:
     model = config.cost_model
     decisive["cost_model"] = None if model is None else [model.quadratic, model.linear, model.constant]
     decisive["columns"] = repr(config.contract)
-    decisive["window"] = config.block_rows(np.array([u.rows for u in index.units], dtype=np.int64))
+    unit_rows = np.array([u.rows for u in index.units], dtype=np.int64)
+    decisive["window"] = config.block_rows(unit_rows)
+    decisive["first_block"] = config.first_block_rows(unit_rows)
     decisive["files"] = [f.path for f in index.files]
     # a whole row group as before parts existed, so states saved then still resume
     decisive["units"] = [(u.file, u.row_group, u.rows) if u.whole else (u.file, u.row_group, u.rows, u.start)

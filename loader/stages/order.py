@@ -6,7 +6,9 @@ Two levels, so memory stays at a window of row groups however large the dataset:
    (:data:`loader.contract.sources.PART_BYTES`) move together and stay in row order, so one reader decodes
    them in a single pass;
 2. consecutive units of that order are grouped into *blocks* of at least ``window`` rows, and the
-   rows of each block are permuted, so samples of a block mix across its row groups.
+   rows of each block are permuted, so samples of a block mix across its row groups. The epoch's first
+   block may close sooner, once it holds ``first_rows`` rows (one global batch, :meth:`LoaderConfig.first_block_rows`):
+   no step is cut before every unit of its block is decoded, so the first step waits for that much only.
 
 Position ``p`` of the epoch order (its *cursor*) is therefore a known (unit, row) before any data is
 read; nothing depends on which reader finishes first. ``shuffle=False`` keeps file order.
@@ -72,8 +74,9 @@ class EpochOrder:
 
 
 def epoch_order(unit_rows: np.ndarray, *, seed: int, epoch: int, shuffle: bool, window: int,
-                groups: np.ndarray | None = None) -> EpochOrder:
-    """The order of epoch ``epoch`` over units of ``unit_rows`` (U,) rows, blocks of >= ``window`` rows.
+                groups: np.ndarray | None = None, first_rows: int | None = None) -> EpochOrder:
+    """The order of epoch ``epoch`` over units of ``unit_rows`` (U,) rows, blocks of >= ``window`` rows, the first
+    of >= ``first_rows`` (default ``window``).
 
     ``groups`` (U,): the row group of each unit, consecutive ids from 0 (:attr:`SourceIndex.groups`; default:
     every unit its own). Row groups are permuted; a row group's units follow one another in index order. With
@@ -88,13 +91,14 @@ def epoch_order(unit_rows: np.ndarray, *, seed: int, epoch: int, shuffle: bool, 
     sizes = np.diff(first)[picked]  # units of each picked row group, in order
     placed = np.concatenate([[0], np.cumsum(sizes)[:-1]])  # where each row group's units start in the order
     units = np.repeat(first[:-1][picked] - placed, sizes) + np.arange(len(unit_rows), dtype=np.int64)
-    block_units = cut_blocks(unit_rows[units], window)
+    block_units = cut_blocks(unit_rows[units], window, first=first_rows)
     cumulative = np.concatenate([[0], np.cumsum(unit_rows[units])]).astype(np.int64)  # (U + 1,)
     return EpochOrder(units, block_units, cumulative[block_units], seed, epoch, shuffle)
 
 
-def cut_blocks(rows_in_order: np.ndarray, window: int) -> np.ndarray:
-    """Block boundaries (B + 1,) over units in order: a block closes once it holds >= ``window`` rows.
+def cut_blocks(rows_in_order: np.ndarray, window: int, *, first: int | None = None) -> np.ndarray:
+    """Block boundaries (B + 1,) over units in order: a block closes once it holds >= ``window`` rows, the first
+    block once it holds >= ``first`` (default ``window``).
 
     Empty units join the block they fall in; the last block may be short.
     """
@@ -102,7 +106,7 @@ def cut_blocks(rows_in_order: np.ndarray, window: int) -> np.ndarray:
     filled = 0
     for i, rows in enumerate(rows_in_order.tolist()):
         filled += rows
-        if filled >= window:
+        if filled >= (window if len(bounds) > 1 or first is None else first):
             bounds.append(i + 1)
             filled = 0
     if bounds[-1] != len(rows_in_order):

@@ -32,7 +32,8 @@ its last few rows, carried into the next block's first step: the rows of the blo
 steps queued for the ranks (:meth:`EpochRun.held_units`), not by a window still open across the boundary. The
 carried rows stay in that first step (:meth:`BatchSpec.composition`'s ``carried``) wherever that costs the window
 no time, so their block's rows are not held for the window's later steps either. By default a shuffle block
-holds at least one window's rows (:attr:`LoaderConfig.window`).
+holds at least one window's rows (:attr:`LoaderConfig.window`), the epoch's first one global batch
+(:meth:`LoaderConfig.first_block_rows`): its windows are shorter, and the epoch's first step comes sooner.
 
 Resuming needs (step, cursor, window_start): ``cursor`` is where the window holding step ``step`` starts and
 ``window_start`` its first step (a step's :attr:`Batch.cursor` is its window's start, the last step's the
@@ -159,7 +160,8 @@ class EpochRun:
         self.groups = index.groups  # (U,) the row group of each unit (a row group in parts: several units)
         self.order = epoch_order(
             self.unit_rows, seed=config.seed, epoch=epoch, shuffle=config.shuffle,
-            window=config.block_rows(self.unit_rows), groups=self.groups
+            window=config.block_rows(self.unit_rows), groups=self.groups,
+            first_rows=config.first_block_rows(self.unit_rows),
         )
         if not 0 <= start.cursor <= self.order.rows:
             raise ValueError(f"resume cursor {start.cursor} is outside epoch {epoch} of {self.order.rows} rows")

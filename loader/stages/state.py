@@ -7,7 +7,9 @@ already delivered). ``fingerprint`` (see :func:`loader.config.fingerprint`) ties
 arguments that shaped it.
 
 Version 2 (composition windows close at shuffle-block boundaries) added ``window_start``; a version-1 state's
-windows were ``compose_window`` steps from the epoch's start, which this loader no longer cuts.
+windows were ``compose_window`` steps from the epoch's start, which this loader no longer cuts. Version 3: an epoch's
+first shuffle block holds one global batch (:meth:`loader.config.LoaderConfig.first_block_rows`), so every later
+block starts elsewhere than in a version-2 run.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import Mapping
 
 from loader.stages.pipeline import Resume
 
-VERSION = 2
+VERSION = 3
 KEYS = ("version", "seed", "epoch", "step", "cursor", "window_start", "fingerprint")
 
 
@@ -41,6 +43,12 @@ def read_state(state: Mapping, *, seed: int, fingerprint: int, rows: int) -> tup
             "state version 1 was saved by a FreeScale whose composition windows could span shuffle blocks; this "
             "version (2) cuts them at block boundaries, so it cannot replay that run's batches: resume it with the "
             "FreeScale that saved it, or start the epoch afresh"
+        )
+    if state.get("version") == 2:
+        raise ValueError(
+            "state version 2 was saved by a FreeScale whose first shuffle block of an epoch was as large as the others; "
+            "this version (3) closes it at one global batch, so its blocks, and the batches cut from them, differ: "
+            "resume that run with the FreeScale that saved it, or start its epoch afresh (iter_rank(rank, epoch=...))"
         )
     missing = [key for key in KEYS if key not in state]
     if missing:

@@ -327,13 +327,15 @@ def test_state_is_small_and_checked(data):
     with SequenceLoader(data, **KWARGS) as loader:
         fresh = loader.state_dict()
         it = loader.iter_rank(1)
-        for _ in range(3):  # one step and a half: the state is after the last whole step
+        for _ in range(5):  # two steps and a half: the state is after the last whole step
             next(it)
         state = loader.state_dict()
     assert fresh["step"] == fresh["cursor"] == fresh["epoch"] == 0
     assert set(state) == {"version", "seed", "epoch", "step", "cursor", "window_start", "fingerprint"}
-    # step 1 lies in the first composition window (16 steps), which a resumed run cuts again from position 0
-    assert state["step"] == 1 and state["cursor"] == state["window_start"] == 0
+    # the epoch's first shuffle block holds one global batch (a row group of 30 rows: step 0, 7 rows carried); step 2
+    # lies in the second block's first composition window, which a resumed run cuts again from its start: step 1, at
+    # position 23, where step 0 ended
+    assert state["step"] == 2 and state["cursor"] == 23 and state["window_start"] == 1
     assert all(isinstance(v, int) for v in state.values())
     with SequenceLoader(data, **{**KWARGS, "compose": False}) as plain:
         it = plain.iter_rank(1)
@@ -352,11 +354,13 @@ def test_state_is_small_and_checked(data):
             same.load_state_dict({k: v for k, v in state.items() if k != "cursor"})
         with pytest.raises(ValueError, match=r"state\['step'\] must be a non-negative integer, got -1"):
             same.load_state_dict({**state, "step": -1})
-        with pytest.raises(ValueError, match="state window_start 2 is past its step 1"):
-            same.load_state_dict({**state, "window_start": 2})
+        with pytest.raises(ValueError, match="state window_start 3 is past its step 2"):
+            same.load_state_dict({**state, "window_start": 3})
         old = {k: v for k, v in state.items() if k != "window_start"}
         with pytest.raises(ValueError, match="state version 1 was saved by a FreeScale whose composition windows"):
             same.load_state_dict({**old, "version": 1})
+        with pytest.raises(ValueError, match="state version 2 was saved by a FreeScale whose first shuffle block"):
+            same.load_state_dict({**state, "version": 2})
 
 
 def test_locality_plans_are_exact_deterministic_and_resume(data):

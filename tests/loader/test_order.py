@@ -19,16 +19,22 @@ def _visit(order, unit_rows):
     return out
 
 
-@given(unit_sizes, st.integers(1, 50), st.integers(0, 2**63 - 1), st.integers(0, 3), st.booleans())
+@given(unit_sizes, st.integers(1, 50), st.integers(0, 2**63 - 1), st.integers(0, 3), st.booleans(),
+       st.none() | st.integers(1, 50))
 @settings(max_examples=80, deadline=None)
-def test_every_row_once_in_blocks_of_the_window(sizes, window, seed, epoch, shuffle):
+def test_every_row_once_in_blocks_of_the_window(sizes, window, seed, epoch, shuffle, first_rows):
     unit_rows = np.array(sizes, dtype=np.int64)
-    order = epoch_order(unit_rows, seed=seed, epoch=epoch, shuffle=shuffle, window=window)
+    order = epoch_order(unit_rows, seed=seed, epoch=epoch, shuffle=shuffle, window=window, first_rows=first_rows)
     visited = _visit(order, unit_rows)
     assert sorted(visited) == [(u, r) for u, n in enumerate(sizes) for r in range(n)]
     assert order.rows == len(visited)
     filled = np.diff(order.block_starts)
-    assert np.all(filled[:-1] >= window)  # only the last block may be short
+    first = window if first_rows is None else first_rows
+    assert np.all(filled[1:-1] >= window) and (order.blocks == 1 or filled[0] >= first)  # the last may be short
+    # each block closes at the first unit that fills it: without its last unit, none is full
+    last_rows = unit_rows[order.units[order.block_units[1:] - 1]]
+    fill = np.array([first] + [window] * (order.blocks - 1))
+    assert np.all((filled - last_rows)[:-1] < fill[:-1])
     if not shuffle:
         assert visited == [(u, r) for u, n in enumerate(sizes) for r in range(n)]
     for cursor in range(order.rows):
@@ -48,6 +54,8 @@ def test_same_seed_same_order_other_seed_or_epoch_differs():
 def test_cut_blocks_closes_at_the_window():
     assert cut_blocks(np.array([5, 5, 5, 0, 12, 1]), 10).tolist() == [0, 2, 5, 6]
     assert cut_blocks(np.array([0, 0]), 3).tolist() == [0, 2]
+    # the first block closes at its own size (an epoch's first: one global batch), the others at the window
+    assert cut_blocks(np.array([5, 5, 5, 0, 12, 1]), 10, first=4).tolist() == [0, 1, 3, 5, 6]
 
 
 @given(st.lists(st.booleans(), max_size=60), st.integers(1, 9), st.data())

@@ -361,8 +361,10 @@ def test_a_block_outweighing_a_message_of_every_rank_closes_its_message(index, o
     steps at once (waiting in a message with the next block's steps, they would hold the block's rows until that
     block is read); a lighter block's last steps wait for the next block's, so short rows travel in few messages."""
     config = LoaderConfig(ranks=2, microbatches=2, samples_per_step=7, shuffle_window=30, seed=0, backend="inline")
-    first = EpochRun(index, config, epoch=0).units(0)  # 30 rows: steps 0-3, 2 rows carried
-    block_bytes = sum(index.units[u].nbytes for u in first)
+    # block 0 (the epoch's first: one global batch) is one row group, 15 rows: steps 0-1, 1 row carried; block 1 is
+    # 30 rows: steps 2-5, 3 rows carried
+    second = EpochRun(index, config, epoch=0).units(1)
+    block_bytes = sum(index.units[u].nbytes for u in second)
     budget = block_bytes // 2 - 1 if outweighs else block_bytes
 
     async def main():
@@ -375,8 +377,8 @@ def test_a_block_outweighing_a_message_of_every_rank_closes_its_message(index, o
         return spans
 
     spans = asyncio.run(main())
-    assert spans[:2] == [(0, 0), (1, 2)]
-    assert spans[2] == ((3, 3) if outweighs else (3, 6))
+    assert spans[:2] == [(0, 0), (1, 2)]  # block 0 is light: its last step waits for block 1's first
+    assert spans[2] == ((3, 5) if outweighs else (3, 6))
 
 
 @pytest.mark.parametrize("parts", [True, False])

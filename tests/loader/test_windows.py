@@ -166,3 +166,18 @@ def test_each_step_counts_what_the_order_passed_since_the_step_before(rows, size
         assert sum(b.counts.skipped.get(REASONS[c], 0) for b in steps) + tail.skipped.get(REASONS[c], 0) == total[c]
     assert sum(b.counts.delivered for b in steps) + tail.skipped.get("drop_last", 0) == (total[VALID] if
                                                                                           len(order_status) else 0)
+
+
+def test_an_epochs_first_block_holds_one_global_batch():
+    """An epoch's first step waits for the units of one global batch only (a block of the shuffle window waited for
+    all of its units); the blocks after it are the window's; where declared trainer nodes size the blocks, the first
+    keeps their size, so that every node is home to its share of the first steps."""
+    index, metas = _source([40] * 8, seed=0)
+    config = LoaderConfig(ranks=2, microbatches=2, samples_per_step=20, shuffle_window=70, seed=0, backend="inline")
+    run = EpochRun(index, config, epoch=0)
+    assert [len(run.units(b)) for b in run.blocks()] == [1, 2, 2, 2, 1]
+    steps = list(run.batches(0, [metas[u] for u in run.units(0)]))  # the first unit's meta alone
+    assert [s.step for s in steps] == [0] and set(steps[0].unit.tolist()) == set(run.units(0))
+    undeclared = EpochRun(index, replace(config, ranks=4, shuffle_window=None), epoch=0)
+    declared = EpochRun(index, replace(config, ranks=4, ranks_per_node=2, shuffle_window=None), epoch=0)
+    assert len(undeclared.units(0)) == 1 and len(declared.units(0)) == 8  # 16,384 rows by default: all of them
