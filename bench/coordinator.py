@@ -124,7 +124,7 @@ class StandInReaders:
         self.nodes = nodes  # where a read no node was asked for goes: in turn, as Ray spreads its readers
         self.refs = iter(range(1 << 62))
 
-    async def fetch(self, unit: int, node) -> Fetched:
+    async def fetch(self, unit: int, node, *, alone: bool = False) -> Fetched:
         where = self.nodes[unit % len(self.nodes)] if node is None else node
         return Fetched(self.metas[unit], Ref(unit.to_bytes(28, "little"), 0, 1), where)
 

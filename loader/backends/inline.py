@@ -41,17 +41,17 @@ class ThreadReaders:
                  fetching: ThreadPoolExecutor) -> None:
         self.index, self.config, self.pool, self.fetching = index, config, pool, fetching
 
-    async def fetch(self, unit: int, node: object) -> Fetched:
+    async def fetch(self, unit: int, node: object, *, alone: bool = False) -> Fetched:
         loop = asyncio.get_running_loop()
         skip = self.config.skip_corrupt
         if self.index.files[self.index.units[unit].file].remote:
             fetched = await loop.run_in_executor(self.fetching, functools.partial(fetch_unit, self.index, unit,
                                                                                   skip_corrupt=skip))
             read = functools.partial(decode_unit, self.index, fetched, max_seq_len=self.config.max_seq_len,
-                                     skip_corrupt=skip)
+                                     skip_corrupt=skip, threads=alone)
         else:  # a local file: fetched as its decode starts (page-cache reads; fetched bytes would only wait)
             read = functools.partial(read_unit, self.index, unit, max_seq_len=self.config.max_seq_len,
-                                     skip_corrupt=skip)
+                                     skip_corrupt=skip, threads=alone)
         chunk = await loop.run_in_executor(self.pool, read)
         return Fetched(chunk.meta(), chunk.rows, HERE.node)
 

@@ -158,14 +158,14 @@ class RayReaders:
                 self.busy[owner] -= 1
         raise ReadersLost(what, READ_ATTEMPTS, str(lost))
 
-    async def fetch(self, unit: int, node) -> Fetched:
-        """Read ``unit`` on a reader of ``node`` (its home)."""
+    async def fetch(self, unit: int, node, *, alone: bool = False) -> Fetched:
+        """Read ``unit`` on a reader of ``node`` (its home); ``alone``: on every core of the reader's node."""
         await self.ready.wait()
         spec = self.index.only(unit)
 
         async def read(i: int) -> Fetched:
             call = self.readers[i].read.remote(spec, self.config.max_seq_len, self.config.skip_corrupt, self.tag,
-                                                self.config.reader_nice)
+                                                self.config.reader_nice, alone)
             self.inflight.add(call)
             try:
                 meta, ref, pid = await call

@@ -78,15 +78,16 @@ class Reader:
 
     @ray.method(concurrency_group="read")
     def read(self, unit: SourceIndex, max_seq_len: int | None, skip_corrupt: bool, loader: str,
-             nice: int) -> tuple[UnitMeta, ray.ObjectRef, int]:
+             nice: int, alone: bool = False) -> tuple[UnitMeta, ray.ObjectRef, int]:
         """Read ``unit`` (an index of one row group or part, :meth:`SourceIndex.only`) for the loader
-        tagged ``loader`` in the metrics, ``nice`` below this process's priority (:func:`reader_priority`)."""
+        tagged ``loader`` in the metrics, ``nice`` below this process's priority (:func:`reader_priority`);
+        ``alone``: nothing else is read meanwhile, so a whole row group decodes on pyarrow's threads."""
         reader_priority(nice)
         fetched = fetch_unit(unit, 0, skip_corrupt=skip_corrupt) if unit.files[0].remote else None  # beside a decode
         with self.decoding:
             if fetched is None:  # a local file: its bytes come at page-cache speed, fetched bytes would only wait
                 fetched = fetch_unit(unit, 0, skip_corrupt=skip_corrupt)
-            chunk = decode_unit(unit, fetched, max_seq_len=max_seq_len, skip_corrupt=skip_corrupt,
+            chunk = decode_unit(unit, fetched, max_seq_len=max_seq_len, skip_corrupt=skip_corrupt, threads=alone,
                                 sliced=True)  # a part's slices go into the object store as they are: one copy
             del fetched
             record_read(loader, ray.get_runtime_context().get_node_id(), len(chunk.status), chunk.rows.nbytes)

@@ -64,9 +64,10 @@ async def produce(service: Service, run: Run) -> None:
         )
         for block in blocks:
             units = epoch_run.units(block)
-            ahead = 0 if block == blocks[0] and _in_parts(service.index, units) else service.readahead
+            alone = block == blocks[0] and _read_alone(service.index, units)
+            ahead = 0 if alone else service.readahead
             for unit, home in itertools.islice(sequence, max(0, len(units) + ahead - len(inflight))):
-                inflight.append(asyncio.ensure_future(service.readers.fetch(unit, homes.get(home))))
+                inflight.append(asyncio.ensure_future(service.readers.fetch(unit, homes.get(home), alone=alone)))
             reads = [await inflight.popleft() for _ in range(len(units))]
             sources.hold(units, reads)
             metas = [read.meta for read in reads]
@@ -175,11 +176,12 @@ class Messages:
         await self.deliveries.put((group, asyncio.ensure_future(self.sources.complete(messages, handles))))
 
 
-def _in_parts(index: SourceIndex, units: list[int]) -> bool:
-    """Whether ``units`` are all parts of row groups: a pass decodes them on pyarrow's threads, on every core, so the
-    run's first block is read before any read-ahead takes cores from it (the first step waits for that block; a whole
-    row group decodes on one thread, and the read-ahead uses the others meanwhile)."""
-    return all(not index.units[u].whole for u in units)
+def _read_alone(index: SourceIndex, units: list[int]) -> bool:
+    """Whether a run's first block of ``units`` is read before any read-ahead takes cores from it (the first step waits
+    for that block): where its units are all parts of row groups (a pass decodes them on pyarrow's threads, on every
+    core) or it is one whole row group (read ``alone``, decoded on those threads too); several whole row groups decode
+    side by side on the readers, one each, and the read-ahead uses the cores they leave."""
+    return len(units) == 1 or all(not index.units[u].whole for u in units)
 
 
 def layout_of(config: LoaderConfig, run: Run) -> tuple[NodeLayout | None, list]:

@@ -73,8 +73,10 @@ class Health:
 class Readers(Protocol):
     """What the control plane needs from the readers; see the module docstring."""
 
-    async def fetch(self, unit: int, node: object) -> Fetched:
-        """Read ``unit``, preferably on ``node`` (None: anywhere)."""
+    async def fetch(self, unit: int, node: object, *, alone: bool = False) -> Fetched:
+        """Read ``unit``, preferably on ``node`` (None: anywhere); ``alone``: nothing else is read meanwhile (a run's
+        first block of one unit), so a whole row group decodes on every core (:func:`loader.stages.decode.decode_unit`
+        with ``threads``)."""
 
     async def pack(self, node: object, pieces: dict[int, tuple], handles: dict[int, object]) -> Packed | Lost:
         """Gather on ``node`` each rank's rows ``pieces[rank] = (unit, row)`` from the units' ``handles``."""

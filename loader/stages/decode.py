@@ -95,10 +95,11 @@ class RowGroupBytes:
     retries: int = 0  # reads of the fetch tried again (:func:`loader.contract.sources.retrying`)
 
 
-def read_unit(index: SourceIndex, unit: int, *, max_seq_len: int | None, skip_corrupt: bool) -> Chunk:
+def read_unit(index: SourceIndex, unit: int, *, max_seq_len: int | None, skip_corrupt: bool,
+              threads: bool = False) -> Chunk:
     """Decode, validate and truncate row group ``unit`` of ``index`` (:func:`fetch_unit`, then :func:`decode_unit`)."""
     return decode_unit(index, fetch_unit(index, unit, skip_corrupt=skip_corrupt), max_seq_len=max_seq_len,
-                       skip_corrupt=skip_corrupt)
+                       skip_corrupt=skip_corrupt, threads=threads)
 
 
 def fetch_unit(index: SourceIndex, unit: int, *, skip_corrupt: bool) -> RowGroupBytes:
@@ -196,12 +197,13 @@ SHARED_FETCHES = _SharedFetches()
 
 
 def decode_unit(index: SourceIndex, fetched: RowGroupBytes, *, max_seq_len: int | None,
-                skip_corrupt: bool, sliced: bool = False) -> Chunk:
+                skip_corrupt: bool, sliced: bool = False, threads: bool = False) -> Chunk:
     """Decode, validate and truncate the row group (or part) ``fetched`` holds.
 
     A whole row group (up to ``PART_BYTES``) is decoded on the calling thread (``use_threads=False``): readers
     run side by side, one row group each, and pyarrow's own thread pool on top of them only adds switching
-    (about 10% more CPU). A part is taken from the pass over its row group (:func:`_decode_part`), on pyarrow's
+    (about 10% more CPU); with ``threads`` (a run's first block of one row group, read alone: the first step waits
+    for it) on pyarrow's threads, one column on each core. A part is taken from the pass over its row group (:func:`_decode_part`), on pyarrow's
     threads: the parts of a row group are decoded one after another, so one part's decode uses the cores.
     With ``sliced`` (a reader actor, which puts the rows into the object store at once) a part's rows stay the
     slices pyarrow decoded, as a :class:`loader.stages.rows.Sliced`: the one copy they get is the put, not a copy
@@ -210,13 +212,13 @@ def decode_unit(index: SourceIndex, fetched: RowGroupBytes, *, max_seq_len: int 
     ``skip_corrupt`` comes back with every row marked corrupt (counted, never delivered). The chunk counts the
     reads of its fetch and decode that were tried again (``Chunk.retries``).
     """
-    chunk, retries = counting_retries(lambda: _decode(index, fetched, max_seq_len, skip_corrupt, sliced))
+    chunk, retries = counting_retries(lambda: _decode(index, fetched, max_seq_len, skip_corrupt, sliced, threads))
     chunk.retries = fetched.retries + retries
     return chunk
 
 
 def _decode(index: SourceIndex, fetched: RowGroupBytes, max_seq_len: int | None, skip_corrupt: bool,
-            sliced: bool) -> Chunk:
+            sliced: bool, threads: bool) -> Chunk:
     """:func:`decode_unit`'s work."""
     unit = fetched.unit
     u = index.units[unit]
@@ -229,7 +231,7 @@ def _decode(index: SourceIndex, fetched: RowGroupBytes, max_seq_len: int | None,
         else:
             parquet = pq.ParquetFile(pa.PythonFile(_RangeFile(fetched.data, fetched.start, fetched.size), mode="r"),
                                      metadata=fetched.metadata)
-            slices = [_columns(index, parquet.read_row_group(u.row_group, columns=_names(index), use_threads=False))]
+            slices = [_columns(index, parquet.read_row_group(u.row_group, columns=_names(index), use_threads=threads))]
     except FileNotFoundError as exc:
         raise FileNotFoundError(f"{file.path}: the file disappeared after the loader indexed it") from exc
     except StorageError:

@@ -41,14 +41,15 @@ def read_state(state: Mapping, *, seed: int, fingerprint: int, rows: int) -> tup
     if state.get("version") == 1:
         raise ValueError(
             "state version 1 was saved by a FreeScale whose composition windows could span shuffle blocks; this "
-            "version (2) cuts them at block boundaries, so it cannot replay that run's batches: resume it with the "
-            "FreeScale that saved it, or start the epoch afresh"
+            f"version ({VERSION}) cuts them at block boundaries, so it cannot replay that run's batches: resume it "
+            "with the FreeScale that saved it, or start the epoch afresh"
         )
     if state.get("version") == 2:
         raise ValueError(
-            "state version 2 was saved by a FreeScale whose first shuffle block of an epoch was as large as the others; "
-            "this version (3) closes it at one global batch, so its blocks, and the batches cut from them, differ: "
-            "resume that run with the FreeScale that saved it, or start its epoch afresh (iter_rank(rank, epoch=...))"
+            "state version 2 was saved by a FreeScale whose first shuffle block of an epoch was as large as the "
+            f"others; this version ({VERSION}) closes it at one global batch, so its blocks, and the batches cut from "
+            "them, differ: resume that run with the FreeScale that saved it, or start its epoch afresh "
+            "(iter_rank(rank, epoch=...))"
         )
     missing = [key for key in KEYS if key not in state]
     if missing:

@@ -50,12 +50,12 @@ def _index(path, monkeypatch, part_bytes=None):
     return index_source(path)
 
 
-def _read(index, unit, max_seq_len=None, sliced=False):
+def _read(index, unit, max_seq_len=None, sliced=False, threads=False):
     """Unit ``unit`` decoded; ``sliced``: as a reader actor decodes it (a part's slices as they are), its rows then
-    gathered into one :class:`Rows` to compare."""
+    gathered into one :class:`Rows` to compare; ``threads``: a whole row group on pyarrow's threads (read alone)."""
     fetched = decode.fetch_unit(index, unit, skip_corrupt=False)
     return _gathered(index, decode.decode_unit(index, fetched, max_seq_len=max_seq_len, skip_corrupt=False,
-                                               sliced=sliced))
+                                               sliced=sliced, threads=threads))
 
 
 def _gathered(index, chunk):
@@ -70,10 +70,10 @@ def _gathered(index, chunk):
 @given(rows=st.lists(row, min_size=1, max_size=40), group_rows=st.integers(1, 17), part_share=st.floats(0, 1),
        slice_share=st.floats(0, 1), order=st.sampled_from(["forward", "backward", "shuffled"]),
        item_type=st.sampled_from([pa.list_(pa.int64()), pa.list_(pa.int32()), pa.large_list(pa.int64())]),
-       max_seq_len=st.none() | st.integers(1, 4), sliced=st.booleans())
+       max_seq_len=st.none() | st.integers(1, 4), sliced=st.booleans(), threads=st.booleans())
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_parts_equal_whole(tmp_path, monkeypatch, rows, group_rows, part_share, slice_share, order, item_type,
-                           max_seq_len, sliced):
+                           max_seq_len, sliced, threads):
     path = _write(tmp_path, rows, item_type, group_rows)
     whole_index = _index(path, monkeypatch)
     largest = max(u.nbytes for u in whole_index.units)
@@ -88,7 +88,7 @@ def test_parts_equal_whole(tmp_path, monkeypatch, rows, group_rows, part_share, 
     got = {unit: _read(index, unit, max_seq_len, sliced) for unit in units}
     assert [(u.file, u.row_group) for u in index.units] == sorted((u.file, u.row_group) for u in index.units)
     for g, w in enumerate(whole_index.units):
-        whole = _read(whole_index, g, max_seq_len)
+        whole = _read(whole_index, g, max_seq_len, threads=threads)  # decoded on pyarrow's threads or not: the same
         parts = [i for i, u in enumerate(index.units) if u.row_group == w.row_group]
         starts = np.cumsum([0] + [index.units[i].rows for i in parts])[:-1]
         assert [index.units[i].start for i in parts] == starts.tolist()

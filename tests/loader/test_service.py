@@ -37,7 +37,7 @@ class _Readers:
     def __init__(self, index):
         self.index, self.dead = index, set()
 
-    async def fetch(self, unit, node):
+    async def fetch(self, unit, node, *, alone=False):
         await asyncio.sleep(random.random() * 0.01)  # reads finish in any order
         chunk = read_unit(self.index, unit, max_seq_len=None, skip_corrupt=False)
         return Fetched(chunk.meta(), chunk.rows, "node-a")
@@ -158,7 +158,7 @@ def test_runs_queue_up_and_a_rank_iterates_once_at_a_time(index):
 
 def test_a_failed_read_reaches_every_rank(index):
     class Broken(_Readers):
-        async def fetch(self, unit, node):
+        async def fetch(self, unit, node, *, alone=False):
             raise ValueError(f"unit {unit} is broken")
 
     async def main():
@@ -304,7 +304,7 @@ class _Gated(_Readers):
         self.first, self.shrink, self.rows = first, shrink, {}
         self.gate = asyncio.Event()
 
-    async def fetch(self, unit, node):
+    async def fetch(self, unit, node, *, alone=False):
         if unit not in self.first:
             await self.gate.wait()
         fetched = await super().fetch(unit, node)
@@ -381,34 +381,37 @@ def test_a_block_outweighing_a_message_of_every_rank_closes_its_message(index, o
     assert spans[2] == ((3, 5) if outweighs else (3, 6))
 
 
-@pytest.mark.parametrize("parts", [True, False])
-def test_a_first_block_of_parts_is_read_before_any_read_ahead(index, monkeypatch, parts):
-    """Parts of row groups decode on pyarrow's threads, on every core: a run's first block of parts is read before
-    any unit beyond it is asked for (the first step waits for that block). A block of whole row groups (each decoded
-    on one thread) is asked for with the read-ahead."""
-    if parts:  # (the test's readers finish in any order: parts skip ahead rather than wait for earlier ones)
+@pytest.mark.parametrize("first_block", ["parts", "one row group", "row groups"])
+def test_a_first_block_of_parts_or_of_one_row_group_is_read_alone(index, monkeypatch, first_block):
+    """Parts of row groups decode on pyarrow's threads, on every core, and so does a whole row group read ``alone``: a
+    run's first block of parts, or of one row group, is read before any unit beyond it is asked for (the first step
+    waits for that block). A first block of several whole row groups (each decoded on one thread, side by side) is
+    asked for with the read-ahead, and so is every later block."""
+    if first_block == "parts":  # (the test's readers finish in any order: parts skip ahead rather than wait)
         monkeypatch.setattr(sources, "PART_BYTES", 200)
         monkeypatch.setattr("loader.stages.passes.GRACE_S", 0.0)
         index = index_source([f.path for f in index.files])
         assert min(u.parts for u in index.units) >= 2
 
     class Recording(_Readers):
-        """Each read asked for, with the units read by then."""
+        """Each read asked for, whether alone, with the units read by then."""
 
         def __init__(self, index):
             super().__init__(index)
             self.asked, self.read = [], set()
 
-        async def fetch(self, unit, node):
-            self.asked.append((unit, frozenset(self.read)))
+        async def fetch(self, unit, node, *, alone=False):
+            self.asked.append((unit, alone, frozenset(self.read)))
             fetched = await super().fetch(unit, node)
             self.read.add(unit)
             return fetched
 
     readers = Recording(index)
+    # row groups of 15 rows: a first block of one global batch is one row group for 10 rows a step, two for 20
+    size = 20 if first_block == "row groups" else 10
 
     async def main():
-        service, config = _service(index, readers=readers)
+        service, config = _service(index, readers=readers, samples_per_step=size)
         run_id = await _open(service, [0, 1], RunKey(0), where=HERE)
         assert isinstance(await _take(service, 0, run_id), Step)
         service.close()
@@ -416,6 +419,9 @@ def test_a_first_block_of_parts_is_read_before_any_read_ahead(index, monkeypatch
 
     config = asyncio.run(main())
     first = set(EpochRun(index, config, epoch=0, start=Resume()).units(0))
-    before = {unit for unit, read in readers.asked if not first <= read}  # asked before the first block was read
+    assert (len(first) == 1) == (first_block == "one row group")
+    before = {unit for unit, _, read in readers.asked if not first <= read}  # asked before the first block was read
     assert first <= before
-    assert (before == first) == parts  # whole row groups: the read-ahead (4 units) asked for beside them
+    alone = first_block != "row groups"
+    assert (before == first) == alone  # several whole row groups: the read-ahead (4 units) asked for beside them
+    assert all(was == (alone and unit in first) for unit, was, _ in readers.asked)
