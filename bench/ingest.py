@@ -1242,6 +1242,8 @@ def parse_args(argv) -> argparse.Namespace:
                     "advises (skip), or the SDK's default, every response hashed (sdk) (default skip)")
     ap.add_argument("--json-out", type=Path, help="also write the result object to this file")
     args = ap.parse_args(argv)
+    if args.json_out is not None:  # made now: a long run's result is not lost to a missing folder at its end
+        args.json_out.parent.mkdir(parents=True, exist_ok=True)
     args.contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]
     args.datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
     for value, allowed, flag in ((args.contenders, CONTENDERS, "--contenders"),

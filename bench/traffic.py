@@ -420,6 +420,8 @@ def parse_args(argv):
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per pass (default 600)")
     ap.add_argument("--json-out", type=Path, help="also write the result object to this file")
     args = ap.parse_args(argv)
+    if args.json_out is not None:  # made now: a long run's result is not lost to a missing folder at its end
+        args.json_out.parent.mkdir(parents=True, exist_ok=True)
     args.contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]
     bad = [c for c in args.contenders if c not in CONTENDERS]
     if bad:

@@ -75,8 +75,8 @@ class Readers(Protocol):
 
     async def fetch(self, unit: int, node: object, *, alone: bool = False) -> Fetched:
         """Read ``unit``, preferably on ``node`` (None: anywhere); ``alone``: nothing else is read meanwhile (a run's
-        first block of one unit), so a whole row group decodes on every core (:func:`loader.stages.decode.decode_unit`
-        with ``threads``)."""
+        first block, one row group or parts of row groups), so a whole row group decodes on every core
+        (:func:`loader.stages.decode.decode_unit` with ``threads``; a part does anyway)."""
 
     async def pack(self, node: object, pieces: dict[int, tuple], handles: dict[int, object]) -> Packed | Lost:
         """Gather on ``node`` each rank's rows ``pieces[rank] = (unit, row)`` from the units' ``handles``."""

@@ -203,8 +203,9 @@ def decode_unit(index: SourceIndex, fetched: RowGroupBytes, *, max_seq_len: int 
     A whole row group (up to ``PART_BYTES``) is decoded on the calling thread (``use_threads=False``): readers
     run side by side, one row group each, and pyarrow's own thread pool on top of them only adds switching
     (about 10% more CPU); with ``threads`` (a run's first block of one row group, read alone: the first step waits
-    for it) on pyarrow's threads, one column on each core. A part is taken from the pass over its row group (:func:`_decode_part`), on pyarrow's
-    threads: the parts of a row group are decoded one after another, so one part's decode uses the cores.
+    for it) on pyarrow's threads, its columns side by side. A part is taken from the pass over its row group
+    (:func:`_decode_part`), on pyarrow's threads: the parts of a row group are decoded one after another, so one
+    part's decode uses the cores.
     With ``sliced`` (a reader actor, which puts the rows into the object store at once) a part's rows stay the
     slices pyarrow decoded, as a :class:`loader.stages.rows.Sliced`: the one copy they get is the put, not a copy
     into arrays of the whole part first.

@@ -7,8 +7,9 @@ Two levels, so memory stays at a window of row groups however large the dataset:
    them in a single pass;
 2. consecutive units of that order are grouped into *blocks* of at least ``window`` rows, and the
    rows of each block are permuted, so samples of a block mix across its row groups. The epoch's first
-   block may close sooner, once it holds ``first_rows`` rows (one global batch, :meth:`LoaderConfig.first_block_rows`):
-   no step is cut before every unit of its block is decoded, so the first step waits for that much only.
+   block may close sooner, once it holds ``first_rows`` rows (one global batch:
+   :meth:`loader.config.LoaderConfig.first_block_rows`): no step is cut before every unit of its block is
+   decoded, so the first step waits for that much only.
 
 Position ``p`` of the epoch order (its *cursor*) is therefore a known (unit, row) before any data is
 read; nothing depends on which reader finishes first. ``shuffle=False`` keeps file order.
