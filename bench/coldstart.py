@@ -60,12 +60,14 @@ def first_block(path: str, seed: int, samples_per_step: int, shuffle_window: int
     return index, units
 
 
-def _decode(index, units: list[int]) -> int:
+def _decode(index, units: list[int], alone: bool) -> int:
+    """Decoded bytes of ``units``; ``alone``: the block is one row group, which the loader reads alone, on pyarrow's
+    threads (``loader.control.production``)."""
     from loader.stages.decode import read_unit
 
     total = 0
     for unit in units:
-        rows = read_unit(index, unit, max_seq_len=None, skip_corrupt=False).rows
+        rows = read_unit(index, unit, max_seq_len=None, skip_corrupt=False, threads=alone).rows
         total += sum(array.nbytes for array in (rows.user_ids, rows.offsets, rows.cut, *rows.events.values()))
     return total
 
@@ -73,13 +75,16 @@ def _decode(index, units: list[int]) -> int:
 def decode_in_processes(index, units: list[int], procs: int) -> tuple[float, float, int]:
     """(cold wall, warm wall, decoded bytes) over ``procs`` fresh processes, row groups round-robin."""
     ctx = mp.get_context("spawn")
-    shares = [units[i::procs] for i in range(procs)]
+    # a block of fewer row groups than processes (one, an epoch's first block often is): as many processes as row
+    # groups, the barriers waiting for each
+    shares = [share for share in (units[i::procs] for i in range(procs)) if share]
     walls = []
     size = 0
     with ctx.Manager() as manager:
-        barriers = [manager.Barrier(procs + 1) for _ in range(3)]
+        barriers = [manager.Barrier(len(shares) + 1) for _ in range(3)]
         results = manager.Queue()
-        children = [ctx.Process(target=_child, args=(index, share, barriers, results)) for share in shares if share]
+        children = [ctx.Process(target=_child, args=(index, share, len(units) == 1, barriers, results))
+                    for share in shares]
         for child in children:
             child.start()
         for round_ in range(2):
@@ -95,13 +100,13 @@ def decode_in_processes(index, units: list[int], procs: int) -> tuple[float, flo
     return walls[0], walls[1], size
 
 
-def _child(index, units: list[int], barriers, results) -> None:
+def _child(index, units: list[int], alone: bool, barriers, results) -> None:
     import loader.stages.decode  # noqa: F401  (what a reader imports, before the clock)
 
     for round_ in range(2):
         barriers[round_].wait()
         start = time.perf_counter()
-        size = _decode(index, units)
+        size = _decode(index, units, alone)
         results.put((start, time.perf_counter(), size))
     barriers[2].wait()
 
@@ -118,7 +123,8 @@ def _threads_child(index, units: list[int], threads: int) -> tuple[float, float]
 
     walls = []
     for _ in range(2):
-        workers = [threading.Thread(target=_decode, args=(index, units[i::threads])) for i in range(threads)]
+        workers = [threading.Thread(target=_decode, args=(index, units[i::threads], len(units) == 1))
+                   for i in range(threads)]
         start = time.perf_counter()
         for worker in workers:
             worker.start()

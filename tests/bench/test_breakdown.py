@@ -79,7 +79,8 @@ def test_processes_count_under_their_role_and_add_up_to_the_tree(tmp_path):
     by_role = mon.by_process()
     own = float(told.read_text())
     assert own >= 0.4  # it spun 0.4 s after its start
-    assert by_role["rank process"] == pytest.approx(own, abs=0.05)  # clock ticks, and its exit after telling
+    # clock ticks, and its exit after telling (0.05 s once, on a guest whose two cores ran the suite's other worker)
+    assert by_role["rank process"] == pytest.approx(own, abs=0.1)
     assert sum(by_role.values()) == pytest.approx(mon.cpu_s, abs=0.002 * len(by_role))
     pages = (64 << 20) // mmap.PAGESIZE
     faults = mon.faults_by_process()
