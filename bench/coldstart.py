@@ -61,8 +61,8 @@ def first_block(path: str, seed: int, samples_per_step: int, shuffle_window: int
 
 
 def _decode(index, units: list[int], alone: bool) -> int:
-    """Decoded bytes of ``units``; ``alone``: the block is one row group, which the loader reads alone, on pyarrow's
-    threads (``loader.control.production``)."""
+    """Decoded bytes of ``units``; ``alone``: the block is one the loader reads alone, a whole row group on pyarrow's
+    threads (``loader.control.production.read_alone``)."""
     from loader.stages.decode import read_unit
 
     total = 0
@@ -72,8 +72,9 @@ def _decode(index, units: list[int], alone: bool) -> int:
     return total
 
 
-def decode_in_processes(index, units: list[int], procs: int) -> tuple[float, float, int]:
-    """(cold wall, warm wall, decoded bytes) over ``procs`` fresh processes, row groups round-robin."""
+def decode_in_processes(index, units: list[int], procs: int, alone: bool) -> tuple[float, float, int]:
+    """(cold wall, warm wall, decoded bytes) over ``procs`` fresh processes, row groups round-robin (``alone``: see
+    :func:`_decode`)."""
     ctx = mp.get_context("spawn")
     # a block of fewer row groups than processes (one, an epoch's first block often is): as many processes as row
     # groups, the barriers waiting for each
@@ -83,7 +84,7 @@ def decode_in_processes(index, units: list[int], procs: int) -> tuple[float, flo
     with ctx.Manager() as manager:
         barriers = [manager.Barrier(len(shares) + 1) for _ in range(3)]
         results = manager.Queue()
-        children = [ctx.Process(target=_child, args=(index, share, len(units) == 1, barriers, results))
+        children = [ctx.Process(target=_child, args=(index, share, alone, barriers, results))
                     for share in shares]
         for child in children:
             child.start()
@@ -111,20 +112,19 @@ def _child(index, units: list[int], alone: bool, barriers, results) -> None:
     barriers[2].wait()
 
 
-def decode_in_threads(index, units: list[int], threads: int) -> tuple[float, float]:
+def decode_in_threads(index, units: list[int], threads: int, alone: bool) -> tuple[float, float]:
     """(cold wall, warm wall) of ``threads`` threads in one fresh process (a child, so its heap is new)."""
     ctx = mp.get_context("spawn")
     with ctx.Pool(1) as pool:
-        return pool.apply(_threads_child, (index, units, threads))
+        return pool.apply(_threads_child, (index, units, threads, alone))
 
 
-def _threads_child(index, units: list[int], threads: int) -> tuple[float, float]:
+def _threads_child(index, units: list[int], threads: int, alone: bool) -> tuple[float, float]:
     import loader.stages.decode  # noqa: F401
 
     walls = []
     for _ in range(2):
-        workers = [threading.Thread(target=_decode, args=(index, units[i::threads], len(units) == 1))
-                   for i in range(threads)]
+        workers = [threading.Thread(target=_decode, args=(index, units[i::threads], alone)) for i in range(threads)]
         start = time.perf_counter()
         for worker in workers:
             worker.start()
@@ -193,12 +193,15 @@ def main(argv=None) -> dict:
         from bench.ingest import DATA_ROOT, SHAPES, synth_dataset
 
         args.data = synth_dataset("long", SHAPES["long"][1], DATA_ROOT, seed=args.seed)["path"]
+    from loader.control.production import read_alone
+
     index, units = first_block(args.data, args.seed, args.samples_per_step, args.shuffle_window)
     rows = sum(index.units[u].rows for u in units)
+    alone = read_alone(index, units)  # as the loader reads the block
     time.sleep(args.rest)
-    cold, warm, nbytes = decode_in_processes(index, units, args.procs)
+    cold, warm, nbytes = decode_in_processes(index, units, args.procs, alone)
     time.sleep(args.rest)
-    t_cold, t_warm = decode_in_threads(index, units, args.procs)
+    t_cold, t_warm = decode_in_threads(index, units, args.procs, alone)
     time.sleep(args.rest)
     fresh, again = touch_fresh(nbytes)
     time.sleep(args.rest)

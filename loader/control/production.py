@@ -64,7 +64,7 @@ async def produce(service: Service, run: Run) -> None:
         )
         for block in blocks:
             units = epoch_run.units(block)
-            alone = block == blocks[0] and _read_alone(service.index, units)
+            alone = block == blocks[0] and read_alone(service.index, units)
             ahead = 0 if alone else service.readahead
             for unit, home in itertools.islice(sequence, max(0, len(units) + ahead - len(inflight))):
                 inflight.append(asyncio.ensure_future(service.readers.fetch(unit, homes.get(home), alone=alone)))
@@ -176,7 +176,7 @@ class Messages:
         await self.deliveries.put((group, asyncio.ensure_future(self.sources.complete(messages, handles))))
 
 
-def _read_alone(index: SourceIndex, units: list[int]) -> bool:
+def read_alone(index: SourceIndex, units: list[int]) -> bool:
     """Whether a run's first block of ``units`` is read before any read-ahead takes cores from it (the first step waits
     for that block): where its units are all parts of row groups (a pass decodes them on pyarrow's threads, on every
     core) or it is one whole row group (read ``alone``, decoded on those threads too); several whole row groups decode
