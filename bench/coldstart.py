@@ -72,13 +72,17 @@ def _decode(index, units: list[int], alone: bool) -> int:
     return total
 
 
+def _shares(units: list[int], workers: int) -> list[list[int]]:
+    """``units`` round-robin over up to ``workers`` workers: none left empty, so a block of fewer row groups than
+    workers (one, as an epoch's first block often is) gets one worker per row group."""
+    return [share for share in (units[i::workers] for i in range(workers)) if share]
+
+
 def decode_in_processes(index, units: list[int], procs: int, alone: bool) -> tuple[float, float, int]:
-    """(cold wall, warm wall, decoded bytes) over ``procs`` fresh processes, row groups round-robin (``alone``: see
-    :func:`_decode`)."""
+    """(cold wall, warm wall, decoded bytes) over up to ``procs`` fresh processes, row groups round-robin
+    (:func:`_shares`; ``alone``: see :func:`_decode`); the barriers wait for every process started."""
     ctx = mp.get_context("spawn")
-    # a block of fewer row groups than processes (one, an epoch's first block often is): as many processes as row
-    # groups, the barriers waiting for each
-    shares = [share for share in (units[i::procs] for i in range(procs)) if share]
+    shares = _shares(units, procs)
     walls = []
     size = 0
     with ctx.Manager() as manager:
@@ -113,7 +117,8 @@ def _child(index, units: list[int], alone: bool, barriers, results) -> None:
 
 
 def decode_in_threads(index, units: list[int], threads: int, alone: bool) -> tuple[float, float]:
-    """(cold wall, warm wall) of ``threads`` threads in one fresh process (a child, so its heap is new)."""
+    """(cold wall, warm wall) of up to ``threads`` threads in one fresh process (a child, so its heap is new), row
+    groups as :func:`decode_in_processes` shares them."""
     ctx = mp.get_context("spawn")
     with ctx.Pool(1) as pool:
         return pool.apply(_threads_child, (index, units, threads, alone))
@@ -124,7 +129,7 @@ def _threads_child(index, units: list[int], threads: int, alone: bool) -> tuple[
 
     walls = []
     for _ in range(2):
-        workers = [threading.Thread(target=_decode, args=(index, units[i::threads], alone)) for i in range(threads)]
+        workers = [threading.Thread(target=_decode, args=(index, share, alone)) for share in _shares(units, threads)]
         start = time.perf_counter()
         for worker in workers:
             worker.start()
