@@ -1,10 +1,10 @@
 """loader package: the data contract, dataset tools, and ``SequenceLoader`` (docs/loader.md).
 
-``SequenceLoader`` and ``Microbatch`` are imported on first use, so the dataset tools
+``SequenceLoader``, ``Microbatch`` and ``RankStep`` are imported on first use, so the dataset tools
 (``loader.contract.schema``, ``loader.contract.convert``, ...) do not pay for torch.
 """
 
-__all__ = ["Microbatch", "SequenceLoader"]
+__all__ = ["Microbatch", "RankStep", "SequenceLoader"]
 
 
 def __getattr__(name: str):
@@ -12,8 +12,8 @@ def __getattr__(name: str):
         from loader.sequence import SequenceLoader
 
         return SequenceLoader
-    if name == "Microbatch":
-        from loader.microbatch import Microbatch
+    if name in ("Microbatch", "RankStep"):
+        from loader import microbatch
 
-        return Microbatch
+        return getattr(microbatch, name)
     raise AttributeError(f"module 'loader' has no attribute {name!r}")

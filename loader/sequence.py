@@ -14,7 +14,7 @@ import torch
 
 from loader.config import LoaderConfig, fingerprint
 from loader.backends.inline import InlineClient
-from loader.microbatch import MessageSteps, Microbatch
+from loader.microbatch import MessageSteps, Microbatch, RankStep
 from loader.stages.pipeline import Resume
 from loader.contract.sources import SourceIndex, index_source
 from loader.stages.state import make_state, read_state
@@ -71,15 +71,42 @@ class SequenceLoader:
         each); a rank left alone stalls once the others' queues are full (a warning says so).
         """
         self._check(rank=rank, epoch=epoch)
-        return self._iterate((rank,), epoch, per_step=False)
+        return self._microbatches(rank, epoch)
+
+    def iter_rank_steps(self, rank: int, epoch: int = 0) -> Iterator[RankStep]:
+        """Rank ``rank``'s steps of epoch ``epoch``, each its ``microbatches`` packed in one :class:`RankStep`
+        (``step.microbatches()`` are those :meth:`iter_rank` yields): a tensor per column a step instead of one per
+        microbatch, so a step moves to the device in one copy per column. Iterated as :meth:`iter_rank` is."""
+        self._check(rank=rank, epoch=epoch)
+        return self._rank_steps(rank, epoch)
 
     def iter_steps(self, epoch: int = 0) -> Iterator[list[list[Microbatch]]]:
         """Every rank's microbatches, one step at a time: ``[rank][microbatch]`` lists (one loop
         for all ranks, e.g. in a single process)."""
         self._check(rank=0, epoch=epoch)
-        return self._iterate(tuple(range(self.config.ranks)), epoch, per_step=True)
+        return self._all_steps(epoch)
 
-    def _iterate(self, ranks: tuple[int, ...], epoch: int, *, per_step: bool):
+    def _microbatches(self, rank: int, epoch: int) -> Iterator[Microbatch]:
+        for built, k, after in self._messages((rank,), epoch):
+            *head, last = built[rank][k]
+            yield from head
+            self._advance((rank,), epoch, after)  # a step is delivered once its last microbatch is
+            yield last
+
+    def _rank_steps(self, rank: int, epoch: int) -> Iterator[RankStep]:
+        for built, k, after in self._messages((rank,), epoch):
+            self._advance((rank,), epoch, after)
+            yield built[rank].rank_step(k)
+
+    def _all_steps(self, epoch: int) -> Iterator[list[list[Microbatch]]]:
+        ranks = tuple(range(self.config.ranks))
+        for built, k, after in self._messages(ranks, epoch):
+            self._advance(ranks, epoch, after)
+            yield [built[r][k] for r in ranks]
+
+    def _messages(self, ranks: tuple[int, ...], epoch: int) -> Iterator[tuple[dict[int, MessageSteps], int, Resume]]:
+        """Each step of ``ranks``' messages: (the ranks' messages built, the step's index in them, where a resume
+        after it starts)."""
         stream = self._client.open(ranks, epoch, self._start(ranks, epoch))
         try:
             while (messages := stream.next_message()) is not None:
@@ -90,15 +117,7 @@ class SequenceLoader:
                 # message comes (after the next shuffle block is read and cut)
                 del messages, first
                 for k, (step, cursor, window_start) in enumerate(resumes):
-                    after = Resume(step + 1, cursor, window_start)
-                    if per_step:
-                        self._advance(ranks, epoch, after)
-                        yield [built[r][k] for r in ranks]
-                        continue
-                    *head, last = built[ranks[0]][k]
-                    yield from head
-                    self._advance(ranks, epoch, after)  # a step is delivered once its last microbatch is
-                    yield last
+                    yield built, k, Resume(step + 1, cursor, window_start)
         finally:
             stream.close()
 
