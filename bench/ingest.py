@@ -1200,7 +1200,7 @@ def verdicts(rows: list[dict], datasets: list[dict]) -> dict:
     for kind in ("target", "steps", "issue16"):
         verdicts_of_kind = [v for k, v in graded if k == kind]
         out[f"all_{kind}s_pass"] = bool(verdicts_of_kind) and all(v == "PASS" for v in verdicts_of_kind)
-        print(f"{kind}s: {verdicts_of_kind.count('PASS')} of {len(verdicts_of_kind)} PASS", flush=True)
+        print(f"{kind} checks: {verdicts_of_kind.count('PASS')} of {len(verdicts_of_kind)} PASS", flush=True)
     return out
 
 

@@ -21,8 +21,9 @@ import torch
 from loader.stages.assemble import RankMessage
 from loader.stages.rows import gather
 
-# steps whose microbatches' views are made at once: few enough that they die in Python's young GC generations
-VIEW_STEPS = 8
+# pieces (microbatches, or packed steps) whose views are made at once, a whole number of steps: few enough that they
+# die in Python's young GC generations, enough that each torch call (which lets go of the GIL) makes many
+VIEW_PIECES = 32
 # One thread of a process builds messages into tensors at a time: ranks drained by threads otherwise pass the GIL back
 # and forth at every NumPy, torch and kernel call (a fifth of the process's CPU on short histories).
 _ASSEMBLY = threading.Lock()
@@ -132,8 +133,8 @@ class MessageSteps(Sequence):
 
     The rows are gathered from the message's sources into fresh torch tensors at once, one buffer
     per column for the whole message (pinned if asked); the microbatches (or the packed steps), views of those buffers,
-    are made ``VIEW_STEPS`` steps at a time, each column's views of those steps by one ``split_with_sizes``
-    (0.6 us a view against 1.5 us for a slice). Made all at once, the views of a 256-step message
+    are made ``VIEW_PIECES`` at a time (8 steps of 4 microbatches, or 32 packed steps), each column's views by one
+    ``split_with_sizes`` (0.6 us a view against 1.5 us for a slice). Made all at once, the views of a 256-step message
     (K x M microbatches, each with 5 tensors) outlived Python's young GC generations, so every
     message set off a full collection of the trainer process: 15% of its CPU on short histories.
     Made a few steps at a time, they die young. ``message.sources`` must be :class:`loader.stages.rows.Rows`
@@ -165,6 +166,7 @@ class MessageSteps(Sequence):
         self.steps = message.steps.tolist()
         self._microbatches: _Pieces | None = None  # made on first use: a message is iterated one way
         self._packed: _Pieces | None = None
+        self._step_bounds: list[tuple[tuple[int, ...], tuple[int, ...]]] = []  # per step: (bounds, token_bounds)
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -186,13 +188,15 @@ class MessageSteps(Sequence):
         M = self.M
         if self._packed is None:
             self._packed = self._pieces(self.bounds[::M], 1)
+            # every step's microbatch bounds, relative to the step: (K, M + 1) rows and tokens, at once
+            rows = self.bounds[np.arange(len(self.steps))[:, None] * M + np.arange(M + 1)]
+            tokens = self.row_offsets[rows]
+            self._step_bounds = list(zip(map(tuple, (rows - rows[:, :1]).tolist()),
+                                         map(tuple, (tokens - tokens[:, :1]).tolist())))
         (v,) = self._packed.of(k)
-        bounds = self.bounds[k * M : (k + 1) * M + 1]
-        tokens = self.row_offsets[bounds]
         features = 3 + self.has_times
         return RankStep(v[2], v[1], v[0], v[3] if features == 4 else None, dict(zip(self.feature_names, v[features:])),
-                        tuple((bounds - bounds[0]).tolist()), tuple((tokens - tokens[0]).tolist()), self.steps[k],
-                        tuple(self.costs[k * M : (k + 1) * M]))
+                        *self._step_bounds[k], self.steps[k], tuple(self.costs[k * M : (k + 1) * M]))
 
     def _check(self, k: int) -> None:
         if not 0 <= k < len(self.steps):
@@ -216,21 +220,23 @@ class MessageSteps(Sequence):
 
 
 class _Pieces:
-    """Buffers cut into pieces, ``per_step`` consecutive pieces a step; their views made ``VIEW_STEPS`` steps at a
-    time. ``columns``: per column (buffer, bounds of the pieces in it (pieces + 1,), their sizes (pieces,))."""
+    """Buffers cut into pieces, ``per_step`` consecutive pieces a step; their views made ``VIEW_PIECES`` at a time
+    (whole steps, at least one). ``columns``: per column (buffer, bounds of the pieces in it (pieces + 1,), their
+    sizes (pieces,))."""
 
     def __init__(self, columns: list[tuple[torch.Tensor, list[int], list[int]]], per_step: int) -> None:
         self.columns = columns
         self.per_step = per_step
         self.pieces = len(columns[0][2])
+        self.chunk_steps = max(1, VIEW_PIECES // per_step)
         self._chunk: tuple[int, list[tuple]] = (-1, [])  # (first step, its pieces' views)
 
     def of(self, k: int) -> list[tuple]:
         """Step ``k``'s pieces, each a tuple of its views (one per column)."""
-        first = k - k % VIEW_STEPS
+        first = k - k % self.chunk_steps
         p = self.per_step
         if self._chunk[0] != first:
-            b0, b1 = first * p, min((first + VIEW_STEPS) * p, self.pieces)
+            b0, b1 = first * p, min((first + self.chunk_steps) * p, self.pieces)
             columns = [values[bounds[b0] : bounds[b1]].split_with_sizes(sizes[b0:b1])
                        for values, bounds, sizes in self.columns]
             self._chunk = (first, list(zip(*columns)))

@@ -1,14 +1,14 @@
 """One rank's training: its exchanges, table, model and optimizer, and the step loop over the loader.
 
-Each step is M microbatches from ``loader.SequenceLoader.iter_rank`` over the training split (item ids are
-already table rows). The rank's device and groups come from its `trainer.place.Placement`: host-side values
-go over the host group, tensors on the device over the device group. Per step: the global target count is
-all-reduced over the host group (every loss is divided by it, so a
-rank's share of samples does not change the gradient); ``cfg.negatives`` uniform negatives per (step,
-microbatch, rank) come from a seeded generator, so overlap on and off see the same batches; the overlap
-scheduler fetches each microbatch's rows from the sharded table and runs forward and backward; at the step's
-end the dense gradients are all-reduced (summed, device group), Adam steps the dense parameters, the table's owners step
-row-wise Adagrad, and the compressed exchanges' bounds move on.
+Each step is a packed step of ``loader.SequenceLoader.iter_rank_steps`` over the training split, split into its M
+microbatches (item ids are already table rows). The rank's device and groups come from its
+`trainer.place.Placement`: host-side values go over the host group, tensors on the device over the device group.
+Per step: the global target count is all-reduced over the host group (every loss is divided by it, so a rank's
+share of samples does not change the gradient); ``cfg.negatives`` uniform negatives per (step, microbatch, rank)
+come from a seeded generator, so overlap on and off see the same batches; the overlap scheduler fetches each
+microbatch's rows from the sharded table and runs forward and backward; at the step's end the dense gradients are
+all-reduced (summed, device group), Adam steps the dense parameters, the table's owners step row-wise Adagrad, and
+the compressed exchanges' bounds move on.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Iterator
 
 import torch
 from torch.profiler import record_function
@@ -125,12 +125,13 @@ class RankTrainer:
         cfg, rank = self.cfg, self.place.rank
         taken, epoch = 0, 0
         while taken < cfg.steps:
-            batches = _chunks(loader.iter_rank(rank, epoch), cfg.microbatches)
+            packed = loader.iter_rank_steps(rank, epoch)
             for number in itertools.count():
                 with record_function("## data: next step ##"):
-                    step = next(batches, None)
-                if step is None:
+                    got = next(packed, None)
+                if got is None:
                     break
+                step = got.microbatches()
                 if taken == cfg.steps:
                     return
                 with record_function("## data: global target count ##"):
@@ -184,11 +185,3 @@ class RankTrainer:
                 exclusive_rows=stats.exclusive, collided_rows=stats.collisions, hidden_comm_s=times.hidden_s,
                 bins=[mb.features() for mb in step])
 
-
-def _chunks(microbatches: Iterable[Microbatch], size: int) -> Iterator[list[Microbatch]]:
-    chunk = []
-    for mb in microbatches:
-        chunk.append(mb)
-        if len(chunk) == size:
-            yield chunk
-            chunk = []

@@ -47,6 +47,14 @@ def test_takes_the_source_lazily_depth_ahead(data):
     assert len(taken) == 3  # the one handed out and two copies in flight, no more
 
 
+def test_packed_steps_move_and_split_into_the_same_microbatches(data):
+    expected = rank_microbatches(data)
+    with SequenceLoader(data, ranks=2, microbatches=3, samples_per_step=30, backend="inline", seed=2) as sl:
+        steps = list(DevicePrefetcher(sl.iter_rank_steps(0), "cpu", depth=2))
+    got = [mb for step in steps for mb in step.microbatches()]
+    assert len(got) == len(expected) == 3 * len(steps) and all(same(a, b) for a, b in zip(got, expected))
+
+
 @pytest.mark.parametrize("depth, message", [(0, "depth must be a positive integer"), (True, "depth must be")])
 def test_bad_depth_is_named(depth, message):
     with pytest.raises(ValueError, match=message):
@@ -72,3 +80,14 @@ def test_cuda_copies_on_a_side_stream_and_sync(data, pin_memory):
         sums.append((mb.item_ids * 2).sum())  # a kernel on the consumer's stream reads the copy right away
     torch.cuda.synchronize()
     assert [int(s) for s in sums] == [int(mb.item_ids.sum()) * 2 for mb in expected]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_packed_steps_split_on_the_device(data):
+    expected = rank_microbatches(data)
+    with SequenceLoader(data, ranks=2, microbatches=3, samples_per_step=30, backend="inline", seed=2,
+                        pin_memory=True) as sl:
+        got = [mb for step in DevicePrefetcher(sl.iter_rank_steps(0), "cuda", depth=2) for mb in step.microbatches()]
+    assert all(mb.item_ids.is_cuda and mb.offsets.is_cuda for mb in got)
+    assert len(got) == len(expected) and all(same(a, b) for a, b in zip(got, expected))

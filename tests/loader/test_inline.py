@@ -103,6 +103,43 @@ def test_iter_rank_matches_iter_steps_and_counts_are_equal(data):
     assert sum(len(mb["user_ids"]) for rank in last for mb in rank) == 36
 
 
+def test_packed_steps_hold_iter_rank_microbatches(data):
+    with _loader(data, ranks=3, microbatches=3, samples_per_step=41) as loader:
+        per_rank = [[record(mb) for mb in loader.iter_rank(r)] for r in range(3)]
+        packed = [list(loader.iter_rank_steps(r)) for r in range(3)]
+        with pytest.raises(ValueError, match=r"rank must be an integer in \[0, 3\)"):
+            loader.iter_rank_steps(3)
+    assert [len(steps) for steps in packed] == [math.ceil(200 / 41)] * 3
+    for r, steps in enumerate(packed):
+        assert [record(mb) for step in steps for mb in step.microbatches()] == per_rank[r]
+        for k, step in enumerate(steps):
+            mbs = per_rank[r][3 * k : 3 * k + 3]
+            assert step.step == k and list(step.costs) == [mb["cost"] for mb in mbs]
+            # one tensor per column: the microbatches' rows concatenated, offsets over the whole step
+            assert step.user_ids.tolist() == [u for mb in mbs for u in mb["user_ids"]]
+            assert step.item_ids.tolist() == [i for mb in mbs for i in mb["item_ids"]]
+            assert step.timestamps.tolist() == [t for mb in mbs for t in mb["timestamps"]]
+            lengths = [b - a for mb in mbs for a, b in zip(mb["offsets"], mb["offsets"][1:])]
+            assert step.offsets.tolist() == np.concatenate([[0], np.cumsum(lengths)]).tolist()
+            assert step.num_samples == len(step.user_ids) and step.num_tokens == len(step.item_ids)
+
+
+def test_packed_steps_resume_where_iter_rank_would(data):
+    with SequenceLoader(data, **KWARGS) as loader:
+        full = [[record(mb) for mb in loader.iter_rank(r)] for r in range(3)]
+    with SequenceLoader(data, **KWARGS) as loader:
+        ranks = [loader.iter_rank_steps(r) for r in range(3)]
+        for _ in range(4):
+            for it in ranks:
+                next(it)
+        state = loader.state_dict()
+    assert state["step"] == 4
+    with SequenceLoader(data, **KWARGS) as loader:
+        loader.load_state_dict(state)
+        rest = [[record(mb) for step in loader.iter_rank_steps(r) for mb in step.microbatches()] for r in range(3)]
+    assert [full[r][4 * 2 :] for r in range(3)] == rest
+
+
 def test_microbatch_cost_and_token_cap(data):
     cost = CostModel(quadratic=1.0, linear=3.0, constant=2.0)
     with _loader(data, ranks=2, microbatches=3, samples_per_step=30, cost_model=cost, max_seq_len=25,
@@ -290,8 +327,9 @@ def test_held_units_are_those_of_the_carried_rows_once_a_block_is_cut(data):
     assert run.order.blocks >= 3 and carried  # rows were carried across some block's end
 
 
-@pytest.mark.parametrize("per_step", [True, False])
-def test_a_message_is_let_go_once_its_rows_are_gathered(data, monkeypatch, per_step):
+@pytest.mark.parametrize("iterate", [lambda loader: loader.iter_steps(), lambda loader: loader.iter_rank(0),
+                                     lambda loader: loader.iter_rank_steps(0)], ids=["steps", "rank", "rank_steps"])
+def test_a_message_is_let_go_once_its_rows_are_gathered(data, monkeypatch, iterate):
     """The trainer process holds a message (and through it the decoded units it reads) only until its rows are
     gathered into its own buffers: while the trainer works through the message's steps, the control plane may
     free the block those rows came from. Every message the loader took is gone by the time its first step is
@@ -306,7 +344,7 @@ def test_a_message_is_let_go_once_its_rows_are_gathered(data, monkeypatch, per_s
 
     monkeypatch.setattr(Stream, "next_message", spy)
     with SequenceLoader(data, **{**KWARGS, "shuffle_window": 60}) as loader:
-        batches = loader.iter_steps() if per_step else loader.iter_rank(0)
+        batches = iterate(loader)
         first = next(batches)
         deadline = time.monotonic() + 5.0
         while any(ref() is not None for ref in taken) and time.monotonic() < deadline:

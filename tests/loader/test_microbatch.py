@@ -16,9 +16,9 @@ from .helpers import record
 
 @st.composite
 def messages(draw):
-    """A rank's message of K steps x M microbatches (K past ``VIEW_STEPS``, some microbatches empty) over two
+    """A rank's message of K steps x M microbatches (past ``VIEW_PIECES`` of them, some microbatches empty) over two
     sources, with or without timestamps and a feature column."""
-    K, M = draw(st.integers(1, 3 * microbatch.VIEW_STEPS + 1)), draw(st.integers(1, 4))
+    K, M = draw(st.integers(1, 2 * microbatch.VIEW_PIECES + 1)), draw(st.integers(1, 4))
     rng = np.random.default_rng(draw(st.integers(0, 2**31)))
     columns = {"items": np.dtype(np.int64)}
     timestamps = draw(st.sampled_from([None, "when"]))
@@ -87,3 +87,28 @@ def test_every_microbatch_holds_its_rows_in_any_order_of_asking(message, random)
     for bad in (-1, K):
         with pytest.raises(IndexError):
             steps[bad]
+
+
+@given(messages(), st.randoms(use_true_random=False))
+@settings(max_examples=100, deadline=None)
+def test_a_packed_step_holds_its_microbatches_rows_in_one_view_per_column(message, random):
+    steps = MessageSteps(message)
+    K, M = message.costs.shape
+    asked = list(range(K))
+    random.shuffle(asked)
+    for k in asked:
+        packed = steps.rank_step(k)
+        want = [expected(message, k, j) for j in range(M)]
+        assert [record(mb) for mb in packed.microbatches()] == want
+        assert packed.step == message.steps[k] and packed.costs == tuple(message.costs[k].tolist())
+        assert packed.user_ids.tolist() == [u for w in want for u in w["user_ids"]]
+        assert packed.item_ids.tolist() == [i for w in want for i in w["item_ids"]]
+        assert packed.bounds == tuple(np.cumsum([0] + [len(w["user_ids"]) for w in want]).tolist())
+        assert packed.token_bounds == tuple(np.cumsum([0] + [len(w["item_ids"]) for w in want]).tolist())
+        assert packed.offsets.tolist()[0] == 0 and packed.offsets.tolist()[-1] == packed.num_tokens
+        assert packed.offsets[list(packed.bounds)].tolist() == list(packed.token_bounds)
+    storages = {steps.rank_step(k).item_ids.untyped_storage().data_ptr() for k in range(K)}
+    assert len(storages) == 1
+    for bad in (-1, K):
+        with pytest.raises(IndexError):
+            steps.rank_step(bad)
