@@ -1,4 +1,5 @@
-"""The trainer-side layout (design §5): a rank's share of a step as torch microbatches.
+"""The trainer-side layout (design §5): a rank's share of a step as torch microbatches (:class:`Microbatch`), or as
+one packed step holding them one after another (:class:`RankStep`, the same columns over the step's samples).
 
 ::
 
