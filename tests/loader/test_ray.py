@@ -107,7 +107,8 @@ def test_named_coordinator_is_shared_by_trainer_processes(ray_address, data):
         other = threading.Thread(target=lambda: result.update(run_worker_process(
             {"source": str(data), "kwargs": kwargs, "epochs": [0], "rank": 1})))
         other.start()  # another trainer process attaches by name and takes rank 1
-        mine = [record(mb) for mb in loader.iter_rank(0)]
+        # this process takes its rank a step at a time, packed (the other microbatch by microbatch)
+        mine = [record(mb) for step in loader.iter_rank_steps(0) for mb in step.microbatches()]
         other.join(timeout=240)
         steps = _steps([mine, result["steps"]], 2)
         assert histories(steps) == source_histories(data)
