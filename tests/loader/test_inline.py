@@ -65,6 +65,9 @@ def test_every_valid_row_exactly_once(messy_data, monkeypatch, ranks, microbatch
                  equal_count=equal_count, max_seq_len=max_seq_len) as loader:
         steps = collect(loader)
         stats = loader.stats()
+        rank = seed % ranks  # the same rank, a step at a time packed, holds the same microbatches
+        assert [record(mb) for step in loader.iter_rank_steps(rank) for mb in step.microbatches()] == [
+            mb for step in steps for mb in step[rank]]
     check_layout(steps, ranks=ranks, microbatches=microbatches)
     got = histories(steps)
     n = len(expected)
