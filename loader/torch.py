@@ -10,6 +10,9 @@ It implements the Stateful protocol (``state_dict`` / ``load_state_dict``), so t
 lost or repeated: the state is the loader's (a few integers, after the last whole step), the epoch, and how
 many microbatches of the step in progress were already taken (they are skipped on resume; the loader's
 batches are a pure function of the data and the arguments).
+
+``packed=True`` yields the rank's steps instead, each a :class:`loader.RankStep` (``SequenceLoader.iter_rank_steps``:
+the step's microbatches in one tensor per column; ``step.microbatches()`` splits it), resumed at step boundaries.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from collections.abc import Iterator, Mapping
 import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
-from loader.microbatch import Microbatch
+from loader.microbatch import Microbatch, RankStep
 from loader.sequence import SequenceLoader
 
 
@@ -32,7 +35,10 @@ def _world() -> tuple[int, int]:
 
 
 class RankDataset(IterableDataset):
-    def __init__(self, source, *, rank: int | None = None, **loader_kwargs) -> None:
+    def __init__(self, source, *, rank: int | None = None, packed: bool = False, **loader_kwargs) -> None:
+        if not isinstance(packed, bool):
+            raise ValueError(f"packed must be True (a step at a time) or False (a microbatch at a time), got {packed!r}")
+        self.packed = packed
         world, world_rank = _world()
         self._loader: SequenceLoader | None = None
         self._owned = not isinstance(source, SequenceLoader)  # a loader passed in stays the caller's to close
@@ -66,7 +72,7 @@ class RankDataset(IterableDataset):
             raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}")
         self.epoch, self._partial, self._skip, self._mid_epoch = epoch, 0, 0, False
 
-    def __iter__(self) -> Iterator[Microbatch]:
+    def __iter__(self) -> Iterator[Microbatch | RankStep]:
         if get_worker_info() is not None:
             raise RuntimeError(
                 "RankDataset must be iterated with DataLoader(..., num_workers=0): the SequenceLoader already "
@@ -75,6 +81,10 @@ class RankDataset(IterableDataset):
             )
         epoch, skip = self.epoch, self._skip
         self._skip = 0
+        yield from self._steps(epoch) if self.packed else self._microbatches(epoch, skip)
+        self.epoch, self._partial, self._mid_epoch = epoch + 1, 0, False
+
+    def _microbatches(self, epoch: int, skip: int) -> Iterator[Microbatch]:
         for mb in self.loader.iter_rank(self.rank, epoch):
             self._mid_epoch = True
             self._partial = 0 if mb.index == self.loader.config.microbatches - 1 else mb.index + 1
@@ -82,7 +92,11 @@ class RankDataset(IterableDataset):
                 skip -= 1
                 continue
             yield mb
-        self.epoch, self._partial, self._mid_epoch = epoch + 1, 0, False
+
+    def _steps(self, epoch: int) -> Iterator[RankStep]:
+        for step in self.loader.iter_rank_steps(self.rank, epoch):
+            self._mid_epoch = True
+            yield step
 
     def state_dict(self) -> dict:
         """``{"epoch", "partial", "loader"}``: JSON-able integers (``loader``: None at an epoch's start)."""
@@ -93,6 +107,9 @@ class RankDataset(IterableDataset):
         """Continue where ``state`` (from :meth:`state_dict`) left off, at the next iteration."""
         if not isinstance(state, Mapping) or set(state) != {"epoch", "partial", "loader"}:
             raise ValueError("state must be the dict RankDataset.state_dict() returned (epoch, partial, loader)")
+        if self.packed and state["partial"]:
+            raise ValueError(f"this state was taken {state['partial']} microbatches into a step, by a RankDataset of "
+                             "microbatches; a packed one resumes only at a step's end: resume it with packed=False")
         self.set_epoch(state["epoch"])
         if state["loader"] is not None:
             self.loader.load_state_dict(state["loader"])

@@ -1,6 +1,7 @@
 """``loader.torch.RankDataset`` through a real ``DataLoader`` and torchdata's ``StatefulDataLoader``: the rank's
 microbatches exactly, epochs in turn, world defaults from torchrun's environment, a clear error for workers,
-and a mid-step checkpoint resumed in a new process with nothing lost or repeated."""
+and a mid-step checkpoint resumed in a new process with nothing lost or repeated; packed steps (``packed=True``) the
+same, resumed at step boundaries."""
 
 import json
 import subprocess
@@ -89,3 +90,38 @@ def test_stateful_dataloader_resumes_in_a_new_process(data, taken):
                          capture_output=True, text=True, check=True, timeout=120)
     tail = [(step, index, tuple(users)) for step, index, users in json.loads(out.stdout.splitlines()[-1])]
     assert keys(head) + tail == expected(data, 0)
+
+
+RESUME_PACKED = textwrap.dedent("""
+    import json, sys
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    from loader.torch import RankDataset
+    data, kwargs, state = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
+    dl = StatefulDataLoader(RankDataset(data, rank=0, packed=True, **kwargs), batch_size=None)
+    dl.load_state_dict(state)
+    print(json.dumps([[mb.step, mb.index, mb.user_ids.tolist()] for step in dl for mb in step.microbatches()]))
+""")
+
+
+@pytest.mark.parametrize("taken", [2, 0])
+def test_packed_steps_through_a_stateful_dataloader_resume_in_a_new_process(data, taken):
+    ds = RankDataset(data, rank=0, packed=True, **KWARGS)
+    assert [key for step in DataLoader(ds, batch_size=None) for key in keys(step.microbatches())] == expected(data, 0)
+    dl = StatefulDataLoader(RankDataset(data, rank=0, packed=True, **KWARGS), batch_size=None)
+    it = iter(dl)
+    head = [mb for _ in range(taken) for mb in next(it).microbatches()]
+    state = json.loads(json.dumps(dl.state_dict()))
+    out = subprocess.run([sys.executable, "-c", RESUME_PACKED, str(data), json.dumps(KWARGS), json.dumps(state)],
+                         capture_output=True, text=True, check=True, timeout=120)
+    tail = [(step, index, tuple(users)) for step, index, users in json.loads(out.stdout.splitlines()[-1])]
+    assert keys(head) + tail == expected(data, 0)
+
+
+def test_a_packed_dataset_names_a_mid_step_state_and_a_bad_flag(data):
+    dl = StatefulDataLoader(RankDataset(data, rank=0, **KWARGS), batch_size=None)
+    it = iter(dl)
+    next(it)
+    with pytest.raises(ValueError, match="taken 1 microbatches into a step.*resume it with packed=False"):
+        RankDataset(data, rank=0, packed=True, **KWARGS).load_state_dict(dl.state_dict()["dataset_state"])
+    with pytest.raises(ValueError, match="packed must be True"):
+        RankDataset(data, rank=0, packed="yes", **KWARGS)
