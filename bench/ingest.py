@@ -1124,10 +1124,10 @@ def checks() -> list[tuple[str, str, str, str, str | None, float, str, str | Non
                  TARGET_ROWS_VS_ANCHOR, "issue16", None),
                 (f"ours_vs_{anchor}_cpu_per_row", f"ours / {anchor} CPU-s per row", "ours", "cpu_s_per_row", anchor,
                  TARGET_CPU_VS_ANCHOR, "issue16", None)]
+    single_process = (("rows_per_s", "rows/s", "rows_per_s", TARGET_ROWS_VS_SPDL),
+                      ("cpu_per_row", "CPU-s per row", "cpu_s_per_row", TARGET_CPU_VS_SPDL))
     out += [(f"ours_steps_vs_spdl_{key}", f"ours, packed steps / spdl {label}", "ours_steps", field, "spdl", bound,
-             "steps", None) for key, label, field, bound in (("rows_per_s", "rows/s", "rows_per_s", TARGET_ROWS_VS_SPDL),
-                                                            ("cpu_per_row", "CPU-s per row", "cpu_s_per_row",
-                                                             TARGET_CPU_VS_SPDL))]
+             "steps", None) for key, label, field, bound in single_process]
     return out + [
         ("ours_dl_vs_ours_rows_per_s", "ours via DataLoader / ours rows/s", "ours_dl", "rows_per_s", "ours",
          TARGET_DATALOADER_VS_OURS, "issue16", None),

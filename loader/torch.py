@@ -37,7 +37,8 @@ def _world() -> tuple[int, int]:
 class RankDataset(IterableDataset):
     def __init__(self, source, *, rank: int | None = None, packed: bool = False, **loader_kwargs) -> None:
         if not isinstance(packed, bool):
-            raise ValueError(f"packed must be True (a step at a time) or False (a microbatch at a time), got {packed!r}")
+            raise ValueError(f"packed must be True (a step at a time) or False (a microbatch at a time), "
+                             f"got {packed!r}")
         self.packed = packed
         world, world_rank = _world()
         self._loader: SequenceLoader | None = None
