@@ -121,9 +121,8 @@ class RankStep:
         items = self.item_ids.split_with_sizes(token_sizes)
         times = self.timestamps.split_with_sizes(token_sizes) if self.timestamps is not None else [None] * len(sizes)
         features = [dict(zip(self.features, views))
-                    for views in zip(*(v.split_with_sizes(token_sizes) for v in self.features.values()))]
-        if not features:
-            features = [{} for _ in sizes]
+                    for views in zip(*(v.split_with_sizes(token_sizes) for v in self.features.values()))] or [
+            {} for _ in sizes]
         return [Microbatch(items[j], self.offsets[bounds[j] : bounds[j + 1] + 1] - tokens[j], users[j], times[j],
                            features[j], self.step, j, self.costs[j]) for j in range(len(sizes))]
 
@@ -161,7 +160,7 @@ class MessageSteps(Sequence):
         times = events.pop(message.timestamps) if message.timestamps is not None else None
         self.user_ids = torch.from_numpy(rows.user_ids)
         self.events = [items, *([] if times is None else [times]), *events.values()]  # items[, timestamps], *features
-        self.has_times = times is not None
+        self.features_at = 3 + (times is not None)  # in each piece's views: after users, offsets, items[, times]
         self.feature_names = list(events)
         self.costs = message.costs.reshape(-1).tolist()
         self.steps = message.steps.tolist()
@@ -176,8 +175,7 @@ class MessageSteps(Sequence):
         self._check(k)
         if self._microbatches is None:
             self._microbatches = self._pieces(self.bounds, self.M)
-        M, step, names, costs = self.M, self.steps[k], self.feature_names, self.costs
-        features = 3 + self.has_times
+        M, step, names, costs, features = self.M, self.steps[k], self.feature_names, self.costs, self.features_at
         # each microbatch's views: (user ids, offsets, items[, timestamps], *features); Microbatch's fields taken in
         # their order, by position (keywords and unpacking took 0.3-2.2 us of the 6-11 a microbatch took: benchmarks.md)
         return [Microbatch(v[2], v[1], v[0], v[3] if features == 4 else None, dict(zip(names, v[features:])), step, j,
@@ -195,7 +193,7 @@ class MessageSteps(Sequence):
             self._step_bounds = list(zip(map(tuple, (rows - rows[:, :1]).tolist()),
                                          map(tuple, (tokens - tokens[:, :1]).tolist())))
         (v,) = self._packed.of(k)
-        features = 3 + self.has_times
+        features = self.features_at
         return RankStep(v[2], v[1], v[0], v[3] if features == 4 else None, dict(zip(self.feature_names, v[features:])),
                         *self._step_bounds[k], self.steps[k], tuple(self.costs[k * M : (k + 1) * M]))
 
