@@ -50,6 +50,9 @@ each batch into the same jagged torch tensors (user ids, and per list column val
    batch_size=None)`` (issue 18: what a trainer using a DataLoader pays over ``iter_rank``).
    ``ours_steps``: the same loader, each rank's ``iter_rank_steps(rank)`` drained by its own thread (each item a
    step's M microbatches packed, ``loader.RankStep``: a tensor per column a step instead of one per microbatch).
+   ``ours_loop``: the same loader drained by one thread through ``iter_steps()`` (every rank's microbatches of a step
+   at once, the loader's one-loop API for a single process): the same microbatches, without eight Python threads
+   taking the GIL from each other at every tensor they let go (docs/benchmarks.md, thirty-seventh session).
    ``ours_inline``: the same loader with ``backend="inline"`` (the same control plane and reader threads, no
    Ray metrics); ``ours_actors``: with ``readers="actors"`` (reader actors, rows through the object store);
    ``ours_naive`` (for information): with ``planner="naive"`` (round-robin) and ``compose=False``: the loader with
@@ -118,7 +121,8 @@ Targets (issue 28), every shape, same run: ours >= 0.9x ``spdl``'s rows/s and <=
 >= 0.8x ours' rows/s; ``named2`` >= 0.7x and ``named8`` >= 0.4x ``spdl``'s rows/s, and each >= 1.2x its ``split``
 anchor; first batch (best pass: warm readers) <= 1.0 s for ours and the named cases; on ``mem``, ours' peak memory
 rise <= 1.5x the floor's. Kept from issues 16 and 18 (kind ``issue16``): ours >= 1.0x ``raydata`` and ``raysplit`` rows/s at <= 0.8x their CPU-s per row;
-``ours_dl`` >= 0.95x ours. ``ours_steps`` is held to ours' bounds against ``spdl`` (kind ``steps``).
+``ours_dl`` >= 0.95x ours. ``ours_steps`` and ``ours_loop`` are held to ours' bounds against ``spdl`` (kinds
+``steps`` and ``loop``).
 
 With ``spdl_shuffle`` run too, its CPU per row over ``spdl``'s is printed (and kept) beside the targets: the 1.2x
 target less that is what it leaves for planning, composition and the microbatches. MovieLens gets the same ratios,
@@ -175,7 +179,7 @@ SIGMA, FILES = 1.2, 4
 DATASETS = (*SHAPES, "movielens")
 MOVIELENS_G = 128  # 610 rows: 5 steps
 PROCS = (2, 8)  # trainer processes of the named-loader cases (named2, named8) and their anchors (split2, split8)
-CONTENDERS = ("floor", "spdl", "spdl_shuffle", "raydata", "raysplit", "ours", "ours_steps", "ours_s3", "ours_dl",
+CONTENDERS = ("floor", "spdl", "spdl_shuffle", "raydata", "raysplit", "ours", "ours_steps", "ours_loop", "ours_s3", "ours_dl",
               "ours_inline", "ours_actors", "ours_naive", *(f"{kind}{p}" for p in PROCS for kind in ("named", "split")))
 ANCHORS = ("raydata", "raysplit")
 TARGET_ROWS_VS_ANCHOR, TARGET_CPU_VS_ANCHOR, TARGET_FIRST_BATCH_S = 1.0, 0.8, 1.0  # issue 16
@@ -798,13 +802,15 @@ def ours_available() -> tuple[bool, str]:
 
 
 def run_ours(ds: dict, cols: list[str], cfg: dict, clock: dict, *, dataloader: bool = False, s3: bool = False,
-             backend: str = "ray", readers: str = "auto", balance: bool = True, steps: bool = False) -> dict:
+             backend: str = "ray", readers: str = "auto", balance: bool = True, steps: bool = False,
+             loop: bool = False) -> dict:
     """SequenceLoader on the running Ray, every rank drained by its own thread; ``teardown`` closes it.
     ``dataloader``: each rank through ``DataLoader(RankDataset(loader, rank=r), batch_size=None)``; ``s3``: the
     dataset's copy on the bench's loopback S3 server (:class:`S3Store`); ``backend``: ``inline`` runs the same
     control plane with reader threads in this process; ``readers``: the Ray backend's (``auto``: threads on this
     one-node Ray, ``actors``: reader actors); ``balance=False``: the ``naive`` planner (round-robin), no
-    composition; ``steps``: each rank through ``iter_rank_steps`` (a step's microbatches packed, one per item)."""
+    composition; ``steps``: each rank through ``iter_rank_steps`` (a step's microbatches packed, one per item);
+    ``loop``: every rank's steps through ``iter_steps`` in one thread."""
     from loader import SequenceLoader
 
     R = cfg["R"]
@@ -841,15 +847,26 @@ def run_ours(ds: dict, cols: list[str], cfg: dict, clock: dict, *, dataloader: b
         sources = [lambda r=r: iter(DataLoader(RankDataset(sl, rank=r), batch_size=None)) for r in range(R)]
     elif steps:
         sources = [lambda r=r: sl.iter_rank_steps(r) for r in range(R)]
+    elif loop:
+        sources, per_rank = [sl.iter_steps], [0] * R
+
+        def step_size(step) -> tuple[int, int]:  # [rank][microbatch]: every rank's microbatches of one step
+            rows = tokens = 0
+            for r, mbs in enumerate(step):
+                per_rank[r] += len(mbs)
+                for mb in mbs:
+                    n, t = size(mb)
+                    rows, tokens = rows + n, tokens + t
+            return rows, tokens
     else:
         sources = [lambda r=r: sl.iter_rank(r) for r in range(R)]
     try:
-        counts = drain(sources, size, clock)
+        counts = drain(sources, step_size if loop else size, clock)
         stats = sl.stats()
     except BaseException:
         sl.close()
         raise
-    per_rank_mbs = [c[2] * (cfg["M"] if steps else 1) for c in counts]  # a packed step holds M microbatches
+    per_rank_mbs = per_rank if loop else [c[2] * (cfg["M"] if steps else 1) for c in counts]  # a packed step: M
     return {**totals(counts), "stats": stats, "delivered_fields": fields.get("delivered"),
             "planner_ms_per_step": planner_ms_per_step(stats, math.ceil(ds["rows"] / cfg["G"])),
             "microbatches_per_rank": per_rank_mbs, "equal_microbatches": len(set(per_rank_mbs)) == 1,
@@ -947,7 +964,7 @@ def planner_ms_per_step(stats, steps: int) -> float | None:
 
 RUNNERS = {"floor": run_floor, "spdl": run_spdl, "spdl_shuffle": run_spdl_shuffle, "raydata": run_raydata,
            "raysplit": run_raysplit, "ours": run_ours,
-           "ours_steps": functools.partial(run_ours, steps=True),
+           "ours_steps": functools.partial(run_ours, steps=True), "ours_loop": functools.partial(run_ours, loop=True),
            "ours_dl": functools.partial(run_ours, dataloader=True), "ours_s3": functools.partial(run_ours, s3=True),
            "ours_inline": functools.partial(run_ours, backend="inline"),
            "ours_actors": functools.partial(run_ours, readers="actors"),
@@ -1099,7 +1116,8 @@ def paired(mine: dict, theirs: dict, field: str) -> list[float] | None:
 
 def checks() -> list[tuple[str, str, str, str, str | None, float, str, str | None]]:
     """(key, label, contender, field, against (None: an absolute figure), bound, kind, only on this dataset (None:
-    every one)). Kind ``target``: issue 28's; ``steps``: issue 28's single-process bounds for ``ours_steps``;
+    every one)). Kind ``target``: issue 28's; ``steps``/``loop``: issue 28's single-process bounds for ``ours_steps``
+    and ``ours_loop``;
     ``issue16``: the earlier anchors (issues 16 and 18)."""
     out = [
         ("ours_vs_spdl_rows_per_s", "ours / spdl rows/s", "ours", "rows_per_s", "spdl", TARGET_ROWS_VS_SPDL, "target",
@@ -1126,8 +1144,9 @@ def checks() -> list[tuple[str, str, str, str, str | None, float, str, str | Non
                  TARGET_CPU_VS_ANCHOR, "issue16", None)]
     single_process = (("rows_per_s", "rows/s", "rows_per_s", TARGET_ROWS_VS_SPDL),
                       ("cpu_per_row", "CPU-s per row", "cpu_s_per_row", TARGET_CPU_VS_SPDL))
-    out += [(f"ours_steps_vs_spdl_{key}", f"ours, packed steps / spdl {label}", "ours_steps", field, "spdl", bound,
-             "steps", None) for key, label, field, bound in single_process]
+    out += [(f"{name}_vs_spdl_{key}", f"ours, {how} / spdl {label}", name, field, "spdl", bound, kind, None)
+            for name, how, kind in (("ours_steps", "packed steps", "steps"), ("ours_loop", "one loop", "loop"))
+            for key, label, field, bound in single_process]
     return out + [
         ("ours_dl_vs_ours_rows_per_s", "ours via DataLoader / ours rows/s", "ours_dl", "rows_per_s", "ours",
          TARGET_DATALOADER_VS_OURS, "issue16", None),
@@ -1197,7 +1216,7 @@ def verdicts(rows: list[dict], datasets: list[dict]) -> dict:
         out["datasets"][ds["name"]] = entry
     graded = [(c["kind"], c["verdict"]) for name, e in out["datasets"].items() if name in SHAPES
               for c in e.values() if isinstance(c, dict)]
-    for kind in ("target", "steps", "issue16"):
+    for kind in ("target", "steps", "loop", "issue16"):
         verdicts_of_kind = [v for k, v in graded if k == kind]
         out[f"all_{kind}s_pass"] = bool(verdicts_of_kind) and all(v == "PASS" for v in verdicts_of_kind)
         print(f"{kind} checks: {verdicts_of_kind.count('PASS')} of {len(verdicts_of_kind)} PASS", flush=True)
