@@ -179,8 +179,9 @@ SIGMA, FILES = 1.2, 4
 DATASETS = (*SHAPES, "movielens")
 MOVIELENS_G = 128  # 610 rows: 5 steps
 PROCS = (2, 8)  # trainer processes of the named-loader cases (named2, named8) and their anchors (split2, split8)
-CONTENDERS = ("floor", "spdl", "spdl_shuffle", "raydata", "raysplit", "ours", "ours_steps", "ours_loop", "ours_s3", "ours_dl",
-              "ours_inline", "ours_actors", "ours_naive", *(f"{kind}{p}" for p in PROCS for kind in ("named", "split")))
+CONTENDERS = ("floor", "spdl", "spdl_shuffle", "raydata", "raysplit", "ours", "ours_steps", "ours_loop", "ours_s3",
+              "ours_dl", "ours_inline", "ours_actors", "ours_naive",
+              *(f"{kind}{p}" for p in PROCS for kind in ("named", "split")))
 ANCHORS = ("raydata", "raysplit")
 TARGET_ROWS_VS_ANCHOR, TARGET_CPU_VS_ANCHOR, TARGET_FIRST_BATCH_S = 1.0, 0.8, 1.0  # issue 16
 # issue 28: ours (one process) against SPDL's pipeline; the named loader with one process per rank against SPDL and
