@@ -68,7 +68,10 @@ class SequenceLoader:
         """Rank ``rank``'s microbatches of epoch ``epoch``: ``microbatches`` per step, in step order.
 
         With the Ray backend all ranks must be iterated at the same time (one process or thread
-        each); a rank left alone stalls once the others' queues are full (a warning says so).
+        each); a rank left alone stalls once the others' queues are full (a warning says so). Where
+        every rank runs in one process, :meth:`iter_steps` takes them in one loop: a thread per rank
+        hands the GIL to the others at each tensor it lets go (docs/loader.md, "Data plane and
+        locality").
         """
         self._check(rank=rank, epoch=epoch)
         return self._microbatches(rank, epoch)
