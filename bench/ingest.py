@@ -52,7 +52,8 @@ each batch into the same jagged torch tensors (user ids, and per list column val
    step's M microbatches packed, ``loader.RankStep``: a tensor per column a step instead of one per microbatch).
    ``ours_loop``: the same loader drained by one thread through ``iter_steps()`` (every rank's microbatches of a step
    at once, the loader's one-loop API for a single process): the same microbatches, without eight Python threads
-   taking the GIL from each other at every tensor they let go (docs/benchmarks.md, thirty-seventh session).
+   taking the GIL from each other at every tensor they let go (docs/benchmarks.md, thirty-seventh session); its
+   one consumer is the bench's main thread (``main`` in ``--cpu-breakdown``).
    ``ours_inline``: the same loader with ``backend="inline"`` (the same control plane and reader threads, no
    Ray metrics); ``ours_actors``: with ``readers="actors"`` (reader actors, rows through the object store);
    ``ours_naive`` (for information): with ``planner="naive"`` (round-robin) and ``compose=False``: the loader with
@@ -805,7 +806,8 @@ def ours_available() -> tuple[bool, str]:
 def run_ours(ds: dict, cols: list[str], cfg: dict, clock: dict, *, dataloader: bool = False, s3: bool = False,
              backend: str = "ray", readers: str = "auto", balance: bool = True, steps: bool = False,
              loop: bool = False) -> dict:
-    """SequenceLoader on the running Ray, every rank drained by its own thread; ``teardown`` closes it.
+    """SequenceLoader on the running Ray, every rank drained by its own thread (``loop``: all by this one);
+    ``teardown`` closes it.
     ``dataloader``: each rank through ``DataLoader(RankDataset(loader, rank=r), batch_size=None)``; ``s3``: the
     dataset's copy on the bench's loopback S3 server (:class:`S3Store`); ``backend``: ``inline`` runs the same
     control plane with reader threads in this process; ``readers``: the Ray backend's (``auto``: threads on this
