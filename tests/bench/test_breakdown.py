@@ -35,24 +35,26 @@ def test_each_thread_counts_its_work_inside_the_block_once():
     """A reader thread that worked before the block and within it counts only the work within (read from /proc at
     both ends); a consumer started within the block and ended there counts its whole life (read as it ends); the
     main thread's work counts under ``main``."""
-    go_on, done = threading.Event(), threading.Event()
+    before, go_on, within, done = (threading.Event() for _ in range(4))
 
     def reader():
         _spin(0.3)  # before the block: not counted
+        before.set()
         go_on.wait()
         _spin(0.2)
+        within.set()
         done.wait()
 
     old = threading.Thread(target=reader, name="freescale-reader_0")
     old.start()
-    time.sleep(0.5)
+    assert before.wait(30)  # events, not sleeps: on a loaded machine a spin takes longer than its CPU time
     with breakdown.ThreadCPU() as threads:
         go_on.set()
         consumer = threading.Thread(target=_spin, args=(0.25,), name="consumer-0")
         consumer.start()
         consumer.join()
         _spin(0.15)
-        time.sleep(0.5)  # the reader's 0.2 s are done
+        assert within.wait(30)  # the reader's 0.2 s are done
     done.set()
     old.join()
     got = threads.result()
