@@ -50,7 +50,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from balancer.kernels.common import room
+from balancer.kernels.common import ZERO, room
 
 # The locality planner runs the grouped fill while N * R * M stays at or below this; above it, each node
 # is planned alone where levels are flat (docs/planner.md, Locality). ``balanced`` runs the fill at any size.
@@ -196,7 +196,7 @@ def column_fill_grouped(order, costs, lengths, ranks, rules, group, group_start,
             for p in range(n_left):
                 i = remaining[p]
                 if group is None:  # pruned when compiled for None: the plain fill runs at its own speed
-                    first, stop = 0, ranks
+                    first, stop = ZERO, ranks
                 else:
                     first, stop = group_start[group[i]], group_start[group[i] + 1]
                 if sweep == 1:
@@ -204,7 +204,7 @@ def column_fill_grouped(order, costs, lengths, ranks, rules, group, group_start,
                         remaining[kept] = i  # already tried every rank
                         kept += 1
                         continue
-                    first, stop = 0, ranks
+                    first, stop = ZERO, ranks
                 if not last:
                     r = _first_fit(trees, j, first, stop, costs[i], lengths[i], level, token_cap)
                     if r < 0:
@@ -253,13 +253,13 @@ def _last_slot_bin(trees, loads, j, first, stop, cost, length, level, rules, ran
     r = _least_loaded(trees, j, first, stop, length, token_cap)
     b = r * microbatches + j if r >= 0 else -1
     if b < 0 or (not rules.quotas and loads[b] + cost > level):
-        a = _least_loaded(trees, j, 0, ranks, length, token_cap)
+        a = _least_loaded(trees, j, ZERO, ranks, length, token_cap)
         if a >= 0 and (b < 0 or loads[a * microbatches + j] < loads[b]):
             b = a * microbatches + j
     if b >= 0:
         return b
     for s in range(microbatches):  # the last slot is full under the cap: the least loaded bin with room
-        a = _least_loaded(trees, s, 0, ranks, length, token_cap)
+        a = _least_loaded(trees, s, ZERO, ranks, length, token_cap)
         if a >= 0:
             c = a * microbatches + s
             if b < 0 or loads[c] < loads[b] or (loads[c] == loads[b] and c < b):

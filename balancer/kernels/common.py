@@ -8,7 +8,8 @@ improved in place and each bin's member list.
   by ``shift``;
 - ``MemberLists``: each bin's samples as a doubly linked list (``member_lists``, ``members``, ``relink``);
 - ``SortedMembers``: each bin's samples by (cost, index), kept sorted as samples move (``move_member``);
-- ``before`` and ``lightest``: the (value, index) order, and the k bins lowest in it.
+- ``before`` and ``lightest``: the (value, index) order, and the k bins lowest in it;
+- ``NONE`` and ``ZERO``: the sentinel and the start other kernels are passed (typed int64, never as literals).
 """
 
 from __future__ import annotations
@@ -19,6 +20,12 @@ import numpy as np
 from numba import njit
 
 MASK64 = (1 << 64) - 1
+# A sentinel (no bin, no rank) and a start passed to another kernel: NumPy scalars, not Python ints. numba types a
+# Python int constant as a literal and compiles the kernel it is passed to once more for it; a variable first set to
+# one (``t = -1``) compiles such a copy while its type is still being inferred, never called (docs/benchmarks.md,
+# thirty-ninth session: 17 s of a cold compile).
+NONE = np.int64(-1)
+ZERO = np.int64(0)
 
 
 class Rules(NamedTuple):
@@ -219,7 +226,7 @@ def member_costs(cache, b):
 def _place(cache, s, k, i, c):
     """Where sample ``i`` of cost ``c`` sorts among the ``k`` samples at ``s``: the first not before it."""
     order, cost = cache.order, cache.cost
-    lo, hi = 0, k
+    lo, hi = ZERO, k
     while lo < hi:
         mid = (lo + hi) // 2
         q = s + mid

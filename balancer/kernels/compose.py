@@ -31,6 +31,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from balancer.kernels.common import ZERO
 from balancer.kernels.order import sorted_by_cost
 from balancer.kernels.totals import pairwise_sum
 
@@ -459,7 +460,7 @@ def window_time(costs, step, n_steps, ranks):
     times = np.empty(n_steps)
     for k in range(n_steps):
         times[k] = max(totals[k] / ranks, peak[k])
-    return pairwise_sum(times, 0, n_steps)
+    return pairwise_sum(times, ZERO, n_steps)
 
 
 def window_time_ref(costs, step, n_steps, ranks):

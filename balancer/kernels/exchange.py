@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from balancer.kernels.common import before, fill_of, members_of, move_member, shift, sorted_members
+from balancer.kernels.common import NONE, before, fill_of, members_of, move_member, shift, sorted_members
 
 
 @njit(cache=True, nogil=True)
@@ -108,7 +108,7 @@ def exchange(bins, costs, lengths, threshold, rules, max_work):
                 continue
             ys = members_of(cache, t)
             work += xs.shape[0] * (ys.shape[0] + 1)
-            hit = -1
+            hit = NONE
             k = -1
             for x in xs:
                 k = _greedy_set(x, ys, costs, costs[x] + excess[t], costs[x] - eb, picked)

@@ -17,7 +17,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from balancer.kernels.common import counting_sort
+from balancer.kernels.common import NONE, counting_sort
 
 # ``swap_home`` examines at most this many partners on each side of a sample's cost.
 SWAP_REACH = 8
@@ -213,7 +213,7 @@ def _move(i, d, node, excess, count, costs):
 @njit(cache=True, nogil=True, inline="always")
 def _furthest_below(excess, node_ranks):
     """The node with ranks and the lowest excess (ties: lowest index)."""
-    best = -1
+    best = NONE
     for k in range(excess.shape[0]):
         if node_ranks[k] > 0 and (best < 0 or excess[k] < excess[best]):
             best = k
@@ -366,7 +366,7 @@ def swap_home(order, costs, lengths, home, rank_node, rank, slot, rules):
             continue
         pos = lo + np.searchsorted(member_cost[lo:hi], costs[i])
         bx = rank[i] * M + slot[i]
-        best, best_gap = -1, np.inf
+        best, best_gap = NONE, np.inf
         for side in range(2):
             q = pos - 1 if side == 0 else pos
             seen = 0

@@ -20,8 +20,8 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from balancer.kernels.common import (SortedMembers, fill_of, lightest_into, member_costs, members_of, move_member,
-                                     sorted_members)
+from balancer.kernels.common import (NONE, SortedMembers, fill_of, lightest_into, member_costs, members_of,
+                                     move_member, sorted_members)
 
 _PARTNER_BATCH = 32  # refine tries the lightest bins first and sorts them all only if none helps
 
@@ -120,7 +120,7 @@ def _first_step(b, xs, scan, skip_rank, search, rules):
         _, x, y = _best_step(b, t, xs, ys, member_costs(search.sorted, t), search, rules)
         if x >= 0:
             return t, x, y, work
-    return -1, -1, -1, work
+    return NONE, NONE, NONE, work
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -139,7 +139,7 @@ def _by_excess(excess, first_bin, out):
 @njit(cache=True, nogil=True, inline="always")
 def _worst(excess, stuck):
     """The bin furthest over its threshold (first of equals) among those not set aside; -1 when none is over."""
-    worst, most = -1, 0.0
+    worst, most = NONE, 0.0
     for b in range(excess.shape[0]):
         if not stuck[b] and excess[b] > most:
             worst, most = b, excess[b]
@@ -192,14 +192,14 @@ def refine(bins, costs, lengths, threshold, rules, max_iters, max_work, stop_pea
         xs = members_of(search.sorted, b)
         work += n_bins
         rb = b // microbatches
-        t, best_x, best_y = -1, -1, -1
+        t, best_x, best_y = NONE, NONE, NONE
         if quotas:  # the other bins of b's rank first: moves may not cross ranks
-            t, best_x, best_y, spent = _first_step(b, xs, _by_excess(excess, rb * microbatches, own), -1, search,
+            t, best_x, best_y, spent = _first_step(b, xs, _by_excess(excess, rb * microbatches, own), NONE, search,
                                                    rules)
             work += spent
         # then every lighter bin, lightest first: a batch of the lightest, the full order only if needed
         if best_x < 0:
-            skip_rank = rb if quotas else -1
+            skip_rank = rb if quotas else NONE
             lightest_into(excess, first)
             t, best_x, best_y, spent = _first_step(b, xs, first, skip_rank, search, rules)
             work += spent

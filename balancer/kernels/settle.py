@@ -32,7 +32,7 @@ from numba import njit
 
 from balancer.kernels.assign import group_bins_into_ranks
 from balancer.kernels.colfill import column_fill
-from balancer.kernels.common import Rules
+from balancer.kernels.common import ZERO, Rules
 from balancer.kernels.exchange import exchange
 from balancer.kernels.order import order_by_length_desc
 from balancer.kernels.refine import bin_thresholds, refine
@@ -90,7 +90,7 @@ def _settle(lengths, costs, ranks, rules, seed, rank_objective, tolerances, budg
     if token_cap > 0 and (lengths.max() > token_cap or lengths.sum() > token_cap * n_bins):
         return none, none, none  # ``plan`` names the sample or the total that breaks the cap
     costliest = costs.max()
-    total = pairwise_sum(costs, 0, n)
+    total = pairwise_sum(costs, ZERO, n)
     mean = total / n_bins
     lower_bound = max(mean, costliest)
     time_floor = max(total / ranks, costliest)
@@ -180,7 +180,7 @@ def _flat(lengths, costs, ranks, rules, seed, rank_objective, tolerances, budget
                          and _time(lpt_scores, rank_objective) <= time_bound):
         return none, none, none  # not certified: the column starts run, in ``balanced``
     # certified, or no start runs after lpt: the better of the two
-    if has_fill and _better(fill_scores, 0, lpt_scores, 1, ceiling, tolerances[2], rank_objective):
+    if has_fill and _better(fill_scores, lpt_scores, ceiling, tolerances[2], rank_objective):
         return fill_bins, fill_ranks, fill_slots
     return lpt_bins, lpt_ranks, lpt_slots
 
@@ -205,17 +205,16 @@ def _polished_flat(bins, lengths, costs, ranks, rules, threshold, level, budgets
 
 
 @njit(cache=True, nogil=True)
-def _better(a, index_a, b, index_b, ceiling, tolerance, rank_objective):
-    """Whether candidate ``a`` (scores (peak, bubble, lockstep, rank_max)) wins ``balanced._choose`` against ``b``."""
+def _better(a, b, ceiling, tolerance, rank_objective):
+    """Whether candidate ``a`` (scores (peak, bubble, lockstep, rank_max)) wins ``balanced._choose`` against ``b``,
+    the start after it (a tie goes to the earlier start)."""
     best_peak = min(a[0], b[0])
     bar = min(best_peak * (1.0 + tolerance), max(ceiling, best_peak))
     if a[0] > bar:
         return False
     if b[0] > bar:
         return True
-    key_a = (_time(a, rank_objective), a[1], a[0], index_a)
-    key_b = (_time(b, rank_objective), b[1], b[0], index_b)
-    return key_a < key_b
+    return (_time(a, rank_objective), a[1], a[0]) <= (_time(b, rank_objective), b[1], b[0])
 
 
 @njit(cache=True, nogil=True, inline="always")

@@ -11,6 +11,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from balancer.kernels.common import ZERO
+
 
 @njit(cache=True, nogil=True)
 def summary(loads, tokens, counts, max_tokens):
@@ -247,7 +249,7 @@ def layout_scores(loads, rank_of_bin, ranks, microbatches):
     column_mean = np.zeros(microbatches)
     if microbatches == 1:  # NumPy's mean over ranks of one column: one contiguous sum, pairwise
         column = grid[:, 0].copy()
-        column_mean[0] = pairwise_sum(column, 0, ranks) / ranks
+        column_mean[0] = pairwise_sum(column, ZERO, ranks) / ranks
         column_max[0] = column.max()
     else:  # over ranks of several columns: row after row, in rank order
         for r in range(ranks):
@@ -256,8 +258,8 @@ def layout_scores(loads, rank_of_bin, ranks, microbatches):
                 column_max[j] = max(column_max[j], grid[r, j])
         for j in range(microbatches):
             column_mean[j] /= ranks
-    lockstep = pairwise_sum(column_max, 0, microbatches)
-    bubble = 1.0 - pairwise_sum(column_mean, 0, microbatches) / lockstep if lockstep > 0 else 0.0
+    lockstep = pairwise_sum(column_max, ZERO, microbatches)
+    bubble = 1.0 - pairwise_sum(column_mean, ZERO, microbatches) / lockstep if lockstep > 0 else 0.0
     flat = grid.reshape(-1)
     rank_max = 0.0
     for r in range(ranks):
