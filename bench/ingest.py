@@ -99,8 +99,8 @@ batch, when a lockstep step 1 could start. The first batch of each warm-up pass 
 ``warmup_first_batch_s``): ours' first warm-up pass on the first dataset is the process's first loader, whose reader
 actors start cold; later loaders of the process reuse them (docs/loader.md, "Warm readers"). Before any contender the
 planner's numba kernels are loaded once in a process of their own (``warm_kernels``): on a machine whose
-``NUMBA_CACHE_DIR`` does not hold them yet that compiles them (about a minute), which leaves about 290 MiB of LLVM's
-in the process that compiles, and which ours' memory rise would otherwise count on a first run only (2026-11-27:
+``NUMBA_CACHE_DIR`` does not hold them yet that compiles them (one to three minutes), which leaves about 290 MiB of
+LLVM's in the process that compiles, and which ours' memory rise would otherwise count on a first run only (2026-11-27:
 1,611 MiB compiling, 1,222-1,276 after).
 
 CPU: utime + stime of this process and all its descendants (Ray's GCS, raylet, workers and actors, idle ones

@@ -201,8 +201,8 @@ def _warm(sub) -> None:
                        description="Run the planner and the loader's gathers once, on a few hundred histories in a "
                                    "temporary folder, so that numba's cache (NUMBA_CACHE_DIR) holds every kernel a "
                                    "run calls: a process started afterwards loads them instead of compiling them "
-                                   "(about a minute, and ~300 MiB left in that process). Run it where the image is "
-                                   "built or on each node before the trainers start (loader/warm.py).")
+                                   "(one to three minutes, and ~300 MiB left in that process). Run it where the "
+                                   "image is built or on each node before the trainers start (loader/warm.py).")
     p.add_argument("--ranks", type=int, default=8, help="trainer ranks R (default 8)")
     p.add_argument("--microbatches", type=int, default=4, help="microbatches per rank M (default 4)")
     p.add_argument("--planner", choices=available_methods(), default="balanced",

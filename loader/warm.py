@@ -1,6 +1,6 @@
 """Compile (or load) every numba kernel a loader run uses, ahead of the run: ``freescale warm``.
 
-A process whose numba cache (``NUMBA_CACHE_DIR``) lacks the kernels compiles them on first use: about a minute,
+A process whose numba cache (``NUMBA_CACHE_DIR``) lacks the kernels compiles them on first use: one to three minutes,
 and LLVM's ~300 MiB stay in that process for the rest of its life (docs/benchmarks.md, fifteenth session). A
 container image whose cache is empty pays that in every job it starts. :func:`warm_kernels` runs what a run runs,
 on a few hundred rows written to a temporary folder (a feature column of each common numeric type; a

@@ -129,7 +129,7 @@ class Run:
         if not warm:
             parts.append(
                 "the planner's kernels are still being compiled: numba compiles them once per machine and "
-                "version (about a minute; NUMBA_CACHE_DIR keeps them for later runs)"
+                "version (one to three minutes; NUMBA_CACHE_DIR keeps them for later runs)"
             )
         if never or warm:
             parts.append(

@@ -423,7 +423,7 @@ def warm_up(config: LoaderConfig) -> None:
     would look like a hang)."""
     bins = config.ranks * config.microbatches
     notice = threading.Timer(COMPILE_NOTICE_S, _LOG.warning, args=(
-        "compiling the planner's numba kernels: once per machine and FreeScale version, about a minute; "
+        "compiling the planner's numba kernels: once per machine and FreeScale version, one to three minutes; "
         "the cache is NUMBA_CACHE_DIR (%s)", cache_location(),
     ))
     notice.daemon = True
@@ -453,7 +453,7 @@ def cache_location() -> str:
 
 def kernels_warm() -> bool:
     """Whether this process's planner kernels are compiled or loaded (a :func:`warm_up` has completed here); until
-    then a run's first steps wait on numba's compiler, about a minute on a machine whose cache lacks them."""
+    then a run's first steps wait on numba's compiler, one to three minutes on a machine whose cache lacks them."""
     return _WARM.is_set()
 
 
