@@ -74,13 +74,17 @@ def _trees(ranks, microbatches):
     size = 1
     while size < ranks:
         size *= 2
-    load = np.full((microbatches, 2 * size), np.inf)
-    tokens = np.full((microbatches, 2 * size), _NO_TOKENS, dtype=np.int64)
-    load[:, size : size + ranks] = 0.0
-    tokens[:, size : size + ranks] = 0
-    for k in range(size - 1, 0, -1):
-        load[:, k] = np.minimum(load[:, 2 * k], load[:, 2 * k + 1])
-        tokens[:, k] = np.minimum(tokens[:, 2 * k], tokens[:, 2 * k + 1])
+    # element by element: array slices assigned and np.minimum compile numba's broadcasting (2.4 s of a cold compile)
+    load = np.empty((microbatches, 2 * size))
+    tokens = np.empty((microbatches, 2 * size), dtype=np.int64)
+    for j in range(microbatches):
+        for k in range(2 * size):
+            empty = size <= k < size + ranks  # a rank's leaf; the rest (padding, the unused root slot 0) closed
+            load[j, k] = 0.0 if empty else np.inf
+            tokens[j, k] = 0 if empty else _NO_TOKENS
+        for k in range(size - 1, 0, -1):
+            load[j, k] = min(load[j, 2 * k], load[j, 2 * k + 1])
+            tokens[j, k] = min(tokens[j, 2 * k], tokens[j, 2 * k + 1])
     return _Trees(load, tokens, size, np.empty(3 * 2 * 64, dtype=np.int64))
 
 

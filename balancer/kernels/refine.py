@@ -30,8 +30,13 @@ _PARTNER_BATCH = 32  # refine tries the lightest bins first and sorts them all o
 def bin_thresholds(level, tolerance, exact_level):
     """Cost each bin may reach, float64 (bins,), from each bin's ``level``: ``level * (1 + tolerance)``, but
     never past ``exact_level`` (the costliest sample: reachable exactly, and the plan's lower bound) where
-    the level is below it."""
-    return np.where(level > exact_level, level * (1.0 + tolerance), np.minimum(level * (1.0 + tolerance), exact_level))
+    the level is below it. A loop: ``np.where`` compiles for 2.8 s."""
+    out = np.empty(level.shape[0])
+    for b in range(level.shape[0]):
+        reach = level[b] * (1.0 + tolerance)
+        # a NaN reach stays NaN, as np.minimum keeps it
+        out[b] = reach if level[b] > exact_level or not reach > exact_level else exact_level
+    return out
 
 
 class _Search(NamedTuple):
