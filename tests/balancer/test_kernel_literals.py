@@ -1,8 +1,8 @@
 """No kernel is handed a Python int constant where it takes an int64: numba types the constant as a literal and
 compiles the kernel it is passed to once more for it, and a variable first set to one (``t = -1``) compiles such a
 copy while its type is still being inferred, never called. ``balancer.kernels.common.NONE`` and ``ZERO`` (NumPy
-scalars, typed int64) take their place; 17-44 s of a cold ``freescale warm`` went to such copies (docs/benchmarks.md,
-thirty-ninth session). Literal bools stay: a kernel compiled for each value of a flag is a chosen specialization.
+scalars, typed int64) take their place; a cold ``freescale warm`` compiled 11 such copies and took 14% longer
+(docs/benchmarks.md, thirty-ninth session). Literal bools stay: a kernel compiled for each value of a flag is a chosen specialization.
 
 Read from the kernels' source (the compile that would show it takes minutes): a call to another kernel that numba
 compiles on its own (not ``inline="always"``) must not pass an int constant, nor a name the caller set to one; an
