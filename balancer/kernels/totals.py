@@ -99,10 +99,14 @@ def step_totals(rank, microbatch, costs, lengths, offsets, steps, ranks, microba
     tallies = np.empty((n_steps, 4), dtype=np.int64)
     for s in range(n_steps):
         a, b = offsets[steps[s]], offsets[steps[s] + 1]
-        loads[s], tokens[s], counts[s] = bin_totals(rank[a:b], microbatch[a:b], costs[a:b], lengths[a:b], ranks,
-                                                    microbatches)
+        step_loads, step_tokens, step_counts = bin_totals(rank[a:b], microbatch[a:b], costs[a:b], lengths[a:b], ranks,
+                                                          microbatches)
+        for r in range(ranks):  # element by element: a 2-D slice assigned compiles numba's broadcast checks (~3 s)
+            for j in range(microbatches):
+                loads[s, r, j], tokens[s, r, j] = step_loads[r, j], step_tokens[r, j]
+                counts[s, r, j] = step_counts[r, j]
         total, peak, lockstep, rank_max, violations, tokens_max, per_rank_min, per_rank_max = summary(
-            loads[s], tokens[s], counts[s], max_tokens)
+            step_loads, step_tokens, step_counts, max_tokens)
         costliest = 0.0
         for i in range(a, b):
             costliest = max(costliest, costs[i])
