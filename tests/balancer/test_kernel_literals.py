@@ -2,7 +2,8 @@
 compiles the kernel it is passed to once more for it, and a variable first set to one (``t = -1``) compiles such a
 copy while its type is still being inferred, never called. ``balancer.kernels.common.NONE`` and ``ZERO`` (NumPy
 scalars, typed int64) take their place; a cold ``freescale warm`` compiled 11 such copies and took 14% longer
-(docs/benchmarks.md, thirty-ninth session). Literal bools stay: a kernel compiled for each value of a flag is a chosen specialization.
+(docs/benchmarks.md, thirty-ninth session). Literal bools stay: a kernel compiled for each value of a flag is a
+chosen specialization.
 
 Read from the kernels' source (the compile that would show it takes minutes): a call to another kernel that numba
 compiles on its own (not ``inline="always"``) must not pass an int constant, nor a name the caller set to one; an
@@ -17,7 +18,7 @@ from numba.core.registry import CPUDispatcher
 
 from loader.warm import dispatchers
 
-KERNELS = {d.py_func.__name__: d for d in dispatchers()}
+KERNELS = {f"{d.py_func.__module__}.{d.py_func.__name__}": d for d in dispatchers()}
 
 
 def _inlined(dispatcher) -> bool:
