@@ -101,15 +101,17 @@ ROUNDING_S = 1e-5  # the marks come back on time.time()'s scale, where a float64
 
 
 def check_step_times(times, forwards, computes, walls, logged, *, overlap: bool):
-    """What each step's `StepTimes` must satisfy against the test's own clock. Every comparison is one the
-    clocks' order guarantees, so an OS that deschedules a rank between two reads cannot fail it: the step lies
+    """What each step's `StepTimes` must satisfy against the test's own clock. Every per-step comparison is one
+    the clocks' order guarantees, so an OS that deschedules a rank between two reads cannot fail it: the step lies
     between the test's inner and outer wall times; its parts sum to it; wait + exposed + hidden communication
     holds the time each collective took from its call to its result as logged inside the instrumentation
-    (`Spans`), and at most 1.5x that (double counting would give 2x); forwards (no collective in them) are
-    compute. With overlap every microbatch but the very last computes while the next fetch is under way, so the
-    hidden time holds those computes: a schedule that waited before computing would hide nothing and fail
-    here, though its losses stay the same. Without overlap rows travel only across the bookkeeping between a
-    start and its wait (and inside backward, the gradients'): less than half the computes over the run."""
+    (`Spans`); forwards (no collective in them) are compute. Over the run that communication is at most 1.5x the
+    spans (double counting would give 2x): one step alone can pass it where the rank was descheduled between a
+    span's mark and the instrumentation's (CI: 12.0 ms against 7.2 ms of spans, a 16 ms step). With overlap every
+    microbatch but the very last computes while the next fetch is under way, so the hidden time holds those
+    computes: a schedule that waited before computing would hide nothing and fail here, though its losses stay
+    the same. Without overlap rows travel only across the bookkeeping between a start and its wait (and inside
+    backward, the gradients'): less than half the computes over the run."""
     assert len(times) == len(computes) == len(walls)
     last = len(times) - 1
     for number, (t, fw, microbatches, (inside, around), spans) in enumerate(
@@ -119,10 +121,12 @@ def check_step_times(times, forwards, computes, walls, logged, *, overlap: bool)
         assert inside - ROUNDING_S <= t.step_s <= around + ROUNDING_S, where
         assert t.compute_s + t.comm_s + t.wait_s == pytest.approx(t.step_s, rel=1e-9), where
         assert t.comm_s > 0 and t.wait_s >= 0 and t.compute_s >= sum(fw) - ROUNDING_S, where
-        assert sum(spans) - ROUNDING_S <= t.hidden_s + t.comm_s + t.wait_s <= 1.5 * sum(spans), where
+        assert sum(spans) - ROUNDING_S <= t.hidden_s + t.comm_s + t.wait_s, where
         if overlap:
             under_way = microbatches if number < last else microbatches[:-1]
             assert t.hidden_s >= sum(under_way) - ROUNDING_S, where
+    accounted = sum(t.hidden_s + t.comm_s + t.wait_s for t in times)
+    assert accounted <= 1.5 * sum(map(sum, logged)), (accounted, times, logged)
     if not overlap:
         assert sum(t.hidden_s for t in times) < 0.5 * sum(map(sum, computes)), times
 
