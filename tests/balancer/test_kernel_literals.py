@@ -47,18 +47,22 @@ def _names_set_to_ints(tree: ast.AST) -> set[str]:
 def _problems(name: str, dispatcher) -> list[str]:
     tree = ast.parse(textwrap.dedent(inspect.getsource(dispatcher.py_func)))
     ints = _names_set_to_ints(tree)
+
+    def literal(node: ast.AST) -> bool:
+        return _int_constant(node) or (isinstance(node, ast.Name) and node.id in ints)
+
     found = []
     for node in ast.walk(tree):
         callee = (dispatcher.py_func.__globals__.get(node.func.id) if isinstance(node, ast.Call)
                   and isinstance(node.func, ast.Name) else None)  # the name as the caller's module resolves it
         if isinstance(callee, CPUDispatcher) and not _inlined(callee):
             for arg in [*node.args, *(k.value for k in node.keywords)]:
-                if _int_constant(arg) or (isinstance(arg, ast.Name) and arg.id in ints):
+                if literal(arg):
                     found.append(f"{name} passes {ast.unparse(arg)} to {node.func.id} (line {node.lineno})")
         if _inlined(dispatcher) and isinstance(node, ast.Return) and node.value is not None:
             values = node.value.elts if isinstance(node.value, ast.Tuple) else [node.value]
             for value in values:
-                if _int_constant(value) or (isinstance(value, ast.Name) and value.id in ints):
+                if literal(value):
                     found.append(f"{name} (inlined) returns {ast.unparse(value)} (line {node.lineno})")
     return found
 
