@@ -34,8 +34,8 @@ def bin_thresholds(level, tolerance, exact_level):
     out = np.empty(level.shape[0])
     for b in range(level.shape[0]):
         reach = level[b] * (1.0 + tolerance)
-        # a NaN reach stays NaN, as np.minimum keeps it
-        out[b] = reach if level[b] > exact_level or not reach > exact_level else exact_level
+        # capped only where the level is below the bound; a NaN reach stays NaN, as np.minimum keeps it
+        out[b] = exact_level if level[b] <= exact_level and reach > exact_level else reach
     return out
 
 
