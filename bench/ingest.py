@@ -54,6 +54,8 @@ each batch into the same jagged torch tensors (user ids, and per list column val
    at once, the loader's one-loop API for a single process): the same microbatches, without eight Python threads
    taking the GIL from each other at every tensor they let go (docs/benchmarks.md, thirty-seventh session); its
    one consumer is the bench's main thread (``main`` in ``--cpu-breakdown``).
+   ``ours_loop_steps``: the same, one thread through ``iter_packed_steps()`` (every rank's step packed, a
+   ``loader.RankStep`` each: the one loop with a tensor per column a rank instead of one per microbatch).
    ``ours_inline``: the same loader with ``backend="inline"`` (the same control plane and reader threads, no
    Ray metrics); ``ours_actors``: with ``readers="actors"`` (reader actors, rows through the object store);
    ``ours_naive`` (for information): with ``planner="naive"`` (round-robin) and ``compose=False``: the loader with
@@ -122,8 +124,8 @@ Targets (issue 28), every shape, same run: ours >= 0.9x ``spdl``'s rows/s and <=
 >= 0.8x ours' rows/s; ``named2`` >= 0.7x and ``named8`` >= 0.4x ``spdl``'s rows/s, and each >= 1.2x its ``split``
 anchor; first batch (best pass: warm readers) <= 1.0 s for ours and the named cases; on ``mem``, ours' peak memory
 rise <= 1.5x the floor's. Kept from issues 16 and 18 (kind ``issue16``): ours >= 1.0x ``raydata`` and ``raysplit`` rows/s at <= 0.8x their CPU-s per row;
-``ours_dl`` >= 0.95x ours. ``ours_steps`` and ``ours_loop`` are held to ours' bounds against ``spdl`` (kinds
-``steps`` and ``loop``).
+``ours_dl`` >= 0.95x ours. ``ours_steps``, ``ours_loop`` and ``ours_loop_steps`` are held to ours' bounds against
+``spdl`` (kinds ``steps``, ``loop`` and ``loopsteps``).
 
 With ``spdl_shuffle`` run too, its CPU per row over ``spdl``'s is printed (and kept) beside the targets: the 1.2x
 target less that is what it leaves for planning, composition and the microbatches. MovieLens gets the same ratios,
@@ -180,8 +182,8 @@ SIGMA, FILES = 1.2, 4
 DATASETS = (*SHAPES, "movielens")
 MOVIELENS_G = 128  # 610 rows: 5 steps
 PROCS = (2, 8)  # trainer processes of the named-loader cases (named2, named8) and their anchors (split2, split8)
-CONTENDERS = ("floor", "spdl", "spdl_shuffle", "raydata", "raysplit", "ours", "ours_steps", "ours_loop", "ours_s3",
-              "ours_dl", "ours_inline", "ours_actors", "ours_naive",
+CONTENDERS = ("floor", "spdl", "spdl_shuffle", "raydata", "raysplit", "ours", "ours_steps", "ours_loop",
+              "ours_loop_steps", "ours_s3", "ours_dl", "ours_inline", "ours_actors", "ours_naive",
               *(f"{kind}{p}" for p in PROCS for kind in ("named", "split")))
 ANCHORS = ("raydata", "raysplit")
 TARGET_ROWS_VS_ANCHOR, TARGET_CPU_VS_ANCHOR, TARGET_FIRST_BATCH_S = 1.0, 0.8, 1.0  # issue 16
@@ -813,7 +815,7 @@ def run_ours(ds: dict, cols: list[str], cfg: dict, clock: dict, *, dataloader: b
     control plane with reader threads in this process; ``readers``: the Ray backend's (``auto``: threads on this
     one-node Ray, ``actors``: reader actors); ``balance=False``: the ``naive`` planner (round-robin), no
     composition; ``steps``: each rank through ``iter_rank_steps`` (a step's microbatches packed, one per item);
-    ``loop``: every rank's steps through ``iter_steps`` in one thread."""
+    ``loop``: every rank's steps through ``iter_steps`` in one thread (with ``steps``: ``iter_packed_steps``)."""
     from loader import SequenceLoader
 
     R = cfg["R"]
@@ -848,19 +850,19 @@ def run_ours(ds: dict, cols: list[str], cfg: dict, clock: dict, *, dataloader: b
         from loader.torch import RankDataset
 
         sources = [lambda r=r: iter(DataLoader(RankDataset(sl, rank=r), batch_size=None)) for r in range(R)]
-    elif steps:
-        sources = [lambda r=r: sl.iter_rank_steps(r) for r in range(R)]
     elif loop:
-        sources, per_rank = [sl.iter_steps], [0] * R
+        sources, per_rank = [sl.iter_packed_steps if steps else sl.iter_steps], [0] * R
 
-        def step_size(step) -> tuple[int, int]:  # [rank][microbatch]: every rank's microbatches of one step
+        def step_size(step) -> tuple[int, int]:  # [rank][microbatch], or [rank] packed: every rank's share of a step
             rows = tokens = 0
             for r, mbs in enumerate(step):
-                per_rank[r] += len(mbs)
-                for mb in mbs:
+                per_rank[r] += cfg["M"] if steps else len(mbs)
+                for mb in [mbs] if steps else mbs:
                     n, t = size(mb)
                     rows, tokens = rows + n, tokens + t
             return rows, tokens
+    elif steps:
+        sources = [lambda r=r: sl.iter_rank_steps(r) for r in range(R)]
     else:
         sources = [lambda r=r: sl.iter_rank(r) for r in range(R)]
     try:
@@ -968,6 +970,7 @@ def planner_ms_per_step(stats, steps: int) -> float | None:
 RUNNERS = {"floor": run_floor, "spdl": run_spdl, "spdl_shuffle": run_spdl_shuffle, "raydata": run_raydata,
            "raysplit": run_raysplit, "ours": run_ours,
            "ours_steps": functools.partial(run_ours, steps=True), "ours_loop": functools.partial(run_ours, loop=True),
+           "ours_loop_steps": functools.partial(run_ours, loop=True, steps=True),
            "ours_dl": functools.partial(run_ours, dataloader=True), "ours_s3": functools.partial(run_ours, s3=True),
            "ours_inline": functools.partial(run_ours, backend="inline"),
            "ours_actors": functools.partial(run_ours, readers="actors"),
@@ -1119,8 +1122,8 @@ def paired(mine: dict, theirs: dict, field: str) -> list[float] | None:
 
 def checks() -> list[tuple[str, str, str, str, str | None, float, str, str | None]]:
     """(key, label, contender, field, against (None: an absolute figure), bound, kind, only on this dataset (None:
-    every one)). Kind ``target``: issue 28's; ``steps``/``loop``: issue 28's single-process bounds for ``ours_steps``
-    and ``ours_loop``;
+    every one)). Kind ``target``: issue 28's; ``steps``/``loop``/``loopsteps``: issue 28's single-process bounds for
+    ``ours_steps``, ``ours_loop`` and ``ours_loop_steps``;
     ``issue16``: the earlier anchors (issues 16 and 18)."""
     out = [
         ("ours_vs_spdl_rows_per_s", "ours / spdl rows/s", "ours", "rows_per_s", "spdl", TARGET_ROWS_VS_SPDL, "target",
@@ -1148,7 +1151,8 @@ def checks() -> list[tuple[str, str, str, str, str | None, float, str, str | Non
     single_process = (("rows_per_s", "rows/s", "rows_per_s", TARGET_ROWS_VS_SPDL),
                       ("cpu_per_row", "CPU-s per row", "cpu_s_per_row", TARGET_CPU_VS_SPDL))
     out += [(f"{name}_vs_spdl_{key}", f"ours, {how} / spdl {label}", name, field, "spdl", bound, kind, None)
-            for name, how, kind in (("ours_steps", "packed steps", "steps"), ("ours_loop", "one loop", "loop"))
+            for name, how, kind in (("ours_steps", "packed steps", "steps"), ("ours_loop", "one loop", "loop"),
+                                    ("ours_loop_steps", "one loop of packed steps", "loopsteps"))
             for key, label, field, bound in single_process]
     return out + [
         ("ours_dl_vs_ours_rows_per_s", "ours via DataLoader / ours rows/s", "ours_dl", "rows_per_s", "ours",
@@ -1219,7 +1223,7 @@ def verdicts(rows: list[dict], datasets: list[dict]) -> dict:
         out["datasets"][ds["name"]] = entry
     graded = [(c["kind"], c["verdict"]) for name, e in out["datasets"].items() if name in SHAPES
               for c in e.values() if isinstance(c, dict)]
-    for kind in ("target", "steps", "loop", "issue16"):
+    for kind in ("target", "steps", "loop", "loopsteps", "issue16"):
         verdicts_of_kind = [v for k, v in graded if k == kind]
         out[f"all_{kind}s_pass"] = bool(verdicts_of_kind) and all(v == "PASS" for v in verdicts_of_kind)
         print(f"{kind} checks: {verdicts_of_kind.count('PASS')} of {len(verdicts_of_kind)} PASS", flush=True)
