@@ -60,7 +60,8 @@ def test_end_to_end_tiny(tmp_path):
     out = tmp_path / "bench.json"
     env = {**os.environ, "NUMBA_CACHE_DIR": os.environ.get("NUMBA_CACHE_DIR", "/tmp/numba-cache"),
            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-    contenders = ["floor", "spdl", "spdl_shuffle", "raysplit", "ours", "ours_loop", "ours_s3", "named2", "split2"]
+    contenders = ["floor", "spdl", "spdl_shuffle", "raysplit", "ours", "ours_loop", "ours_loop_steps", "ours_s3", "named2",
+                   "split2"]
     # 2001 rows, so raysplit's and split2's equal splits over 2 drop exactly one
     proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--short-rows", "2001", "--datasets", "short",
                            "--contenders", ",".join(contenders), "--ranks", "2", "--microbatches", "2",
@@ -88,12 +89,14 @@ def test_end_to_end_tiny(tmp_path):
     for split in ("raysplit", "split2"):
         assert got[split]["rows"] == 2000 and got[split]["dropped_rows"] == 1
         assert got[split]["batch_size_per_split"] == 128
-    assert got["ours"]["rows"] == got["ours_loop"]["rows"] == got["ours_s3"]["rows"] == got["named2"]["rows"] == 2001
+    assert got["ours"]["rows"] == got["ours_loop"]["rows"] == got["ours_loop_steps"]["rows"] == 2001
+    assert got["ours_s3"]["rows"] == got["named2"]["rows"] == 2001
     assert result["config"]["s3_checksums"] == "skip"  # the S3 client's setting docs/loader.md advises
-    for name in ("ours", "ours_loop", "named2"):
+    for name in ("ours", "ours_loop", "ours_loop_steps", "named2"):
         assert got[name]["equal_microbatches"], name
     # one loop over every rank's steps takes the microbatches the rank threads take
     assert got["ours_loop"]["microbatches_per_rank"] == got["ours"]["microbatches_per_rank"]
+    assert got["ours_loop_steps"]["microbatches_per_rank"] == got["ours"]["microbatches_per_rank"]  # M a packed step
     assert "rank process" in got["named2"]["cpu_by_process"]  # (the S3 server's share can be under a clock tick)
     assert got["named2"]["faults_by_process"]["rank process"] > 0  # a process that starts a loader maps new pages
     (later,) = got["named2"]["later_epochs"]  # epoch 1 of the same loaders, every row delivered again
@@ -101,7 +104,8 @@ def test_end_to_end_tiny(tmp_path):
     entry = result["targets"]["datasets"]["short"]
     for key in ("ours_vs_spdl_rows_per_s", "ours_vs_spdl_cpu_per_row", "ours_first_batch_s", "named2_vs_spdl_rows_per_s",
                 "named2_vs_split2_rows_per_s", "named2_first_batch_s", "ours_vs_raysplit_rows_per_s",
-                "ours_s3_vs_ours_rows_per_s", "ours_loop_vs_spdl_rows_per_s", "ours_loop_vs_spdl_cpu_per_row"):
+                "ours_s3_vs_ours_rows_per_s", "ours_loop_vs_spdl_rows_per_s", "ours_loop_vs_spdl_cpu_per_row",
+                "ours_loop_steps_vs_spdl_rows_per_s", "ours_loop_steps_vs_spdl_cpu_per_row"):
         least = 0 if "cpu" in key else 1e-12  # ours' CPU can be 0 ticks (above)
         assert entry[key]["value"] >= least and entry[key]["verdict"] in ("PASS", "FAIL"), key
     assert "named8_vs_spdl_rows_per_s" not in entry and "ours_vs_floor_mem_rise" not in entry  # not run / not mem

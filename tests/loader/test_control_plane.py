@@ -50,6 +50,29 @@ def test_ranks_iterated_together_get_every_row_once_as_iter_steps_plans_it(backe
     assert stats["rows_read"] == stats["rows_delivered"] == 200 and stats["steps"] == len(steps) == 20
 
 
+def test_packed_steps_in_one_loop_are_iter_steps_packed_and_resume_as_it_does(backend, data):
+    kwargs = {**KWARGS, "microbatches": 3, "samples_per_step": 16}
+    with SequenceLoader(data, backend="inline", **kwargs) as reference:
+        steps = collect(reference)
+    with SequenceLoader(data, **backend_options(backend), **kwargs) as loader:
+        packed = loader.iter_packed_steps()
+        head = [next(packed) for _ in range(4)]
+        state = loader.state_dict()  # after step 3: every rank has it whole
+        rest = list(packed)
+        stats = loader.stats()
+    got = head + rest
+    assert len(got) == len(steps) == 13 and state["step"] == 4
+    for k, (step, expected) in enumerate(zip(got, steps)):
+        assert [s.step for s in step] == [k, k]  # [rank]: each rank's share of step k, its 3 microbatches packed
+        assert [[record(mb) for mb in s.microbatches()] for s in step] == expected
+        assert [s.user_ids.tolist() for s in step] == [[u for mb in mbs for u in mb["user_ids"]] for mbs in expected]
+    assert stats["rows_delivered"] == 200
+    with SequenceLoader(data, **backend_options(backend), **kwargs) as loader:
+        loader.load_state_dict(state)
+        resumed = [[[record(mb) for mb in s.microbatches()] for s in step] for step in loader.iter_packed_steps()]
+    assert resumed == steps[4:]
+
+
 def _first_of_both(backend, fast, slow) -> dict:
     """Each rank's first microbatch, both ranks iterating one run: with Ray the plan starts once both opened it
     (a thread each); inline it starts at the first open, and a rank opened later joins while the producer has

@@ -230,8 +230,12 @@ def test_bad_arguments_name_the_value(data):
             loader.iter_rank(2)
         with pytest.raises(ValueError, match="epoch must be a non-negative integer, got -1"):
             loader.iter_rank(0, epoch=-1)
+        with pytest.raises(ValueError, match="epoch must be a non-negative integer, got 1.0"):
+            loader.iter_packed_steps(epoch=1.0)
     with pytest.raises(RuntimeError, match="this SequenceLoader is closed"):
         loader.iter_steps()
+    with pytest.raises(RuntimeError, match="this SequenceLoader is closed"):
+        loader.iter_packed_steps()
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")
@@ -331,7 +335,8 @@ def test_held_units_are_those_of_the_carried_rows_once_a_block_is_cut(data):
 
 
 @pytest.mark.parametrize("iterate", [lambda loader: loader.iter_steps(), lambda loader: loader.iter_rank(0),
-                                     lambda loader: loader.iter_rank_steps(0)], ids=["steps", "rank", "rank_steps"])
+                                     lambda loader: loader.iter_rank_steps(0), lambda loader: loader.iter_packed_steps()],
+                         ids=["steps", "rank", "rank_steps", "packed_steps"])
 def test_a_message_is_let_go_once_its_rows_are_gathered(data, monkeypatch, iterate):
     """The trainer process holds a message (and through it the decoded units it reads) only until its rows are
     gathered into its own buffers: while the trainer works through the message's steps, the control plane may
