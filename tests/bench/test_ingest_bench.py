@@ -60,8 +60,8 @@ def test_end_to_end_tiny(tmp_path):
     out = tmp_path / "bench.json"
     env = {**os.environ, "NUMBA_CACHE_DIR": os.environ.get("NUMBA_CACHE_DIR", "/tmp/numba-cache"),
            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-    contenders = ["floor", "spdl", "spdl_shuffle", "raysplit", "ours", "ours_loop", "ours_loop_steps", "ours_s3", "named2",
-                   "split2"]
+    contenders = ["floor", "spdl", "spdl_shuffle", "raysplit", "ours", "ours_loop", "ours_loop_steps", "ours_s3",
+                   "named2", "split2"]
     # 2001 rows, so raysplit's and split2's equal splits over 2 drop exactly one
     proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--short-rows", "2001", "--datasets", "short",
                            "--contenders", ",".join(contenders), "--ranks", "2", "--microbatches", "2",
