@@ -21,7 +21,7 @@ from loader.contract.sources import SourceIndex, index_source
 from loader.stages.state import make_state, read_state
 
 _LOG = logging.getLogger(__name__)
-T = TypeVar("T")
+_T = TypeVar("_T")
 
 
 class SequenceLoader:
@@ -110,7 +110,7 @@ class SequenceLoader:
             self._advance((rank,), epoch, after)
             yield built[rank].rank_step(k)
 
-    def _all_steps(self, epoch: int, take: Callable[[MessageSteps, int], T]) -> Iterator[list[T]]:
+    def _all_steps(self, epoch: int, take: Callable[[MessageSteps, int], _T]) -> Iterator[list[_T]]:
         """Every rank's step ``k`` of each message, ``take(message, k)`` each."""
         ranks = tuple(range(self.config.ranks))
         for built, k, after in self._messages(ranks, epoch):
