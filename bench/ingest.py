@@ -856,7 +856,7 @@ def run_ours(ds: dict, cols: list[str], cfg: dict, clock: dict, *, dataloader: b
         def step_size(step) -> tuple[int, int]:  # [rank][microbatch], or [rank] packed: every rank's share of a step
             rows = tokens = 0
             for r, mbs in enumerate(step):
-                per_rank[r] += cfg["M"] if steps else len(mbs)
+                per_rank[r] += len(mbs.costs) if steps else len(mbs)  # a packed step: its microbatches' costs
                 for mb in [mbs] if steps else mbs:
                     n, t = size(mb)
                     rows, tokens = rows + n, tokens + t

@@ -89,14 +89,14 @@ class SequenceLoader:
         """Every rank's microbatches, one step at a time: ``[rank][microbatch]`` lists (one loop
         for all ranks, e.g. in a single process)."""
         self._check(rank=0, epoch=epoch)
-        return self._all_steps(epoch, MessageSteps.__getitem__)
+        return self._steps(self._ranks, epoch, MessageSteps.__getitem__)
 
     def iter_packed_steps(self, epoch: int = 0) -> Iterator[list[RankStep]]:
         """Every rank's step, one step at a time, each rank's microbatches packed: ``[rank]`` lists of
         :class:`RankStep` (:meth:`iter_steps` with :meth:`iter_rank_steps`' items). A tensor per column a rank
         instead of one per microbatch: in one process, the cheapest way to take every rank (docs/loader.md)."""
         self._check(rank=0, epoch=epoch)
-        return self._all_steps(epoch, MessageSteps.rank_step)
+        return self._steps(self._ranks, epoch, MessageSteps.rank_step)
 
     def _microbatches(self, rank: int, epoch: int) -> Iterator[Microbatch]:
         for built, k, after in self._messages((rank,), epoch):
@@ -106,16 +106,18 @@ class SequenceLoader:
             yield last
 
     def _rank_steps(self, rank: int, epoch: int) -> Iterator[RankStep]:
-        for built, k, after in self._messages((rank,), epoch):
-            self._advance((rank,), epoch, after)
-            yield built[rank].rank_step(k)
+        for (step,) in self._steps((rank,), epoch, MessageSteps.rank_step):
+            yield step
 
-    def _all_steps(self, epoch: int, take: Callable[[MessageSteps, int], _T]) -> Iterator[list[_T]]:
-        """Every rank's step ``k`` of each message, ``take(message, k)`` each."""
-        ranks = tuple(range(self.config.ranks))
+    def _steps(self, ranks: tuple[int, ...], epoch: int, take: Callable[[MessageSteps, int], _T]) -> Iterator[list[_T]]:
+        """Each step of ``ranks``, ``take(message, k)`` of each rank's message; the ranks advance past it first."""
         for built, k, after in self._messages(ranks, epoch):
             self._advance(ranks, epoch, after)
             yield [take(built[r], k) for r in ranks]
+
+    @property
+    def _ranks(self) -> tuple[int, ...]:
+        return tuple(range(self.config.ranks))
 
     def _messages(self, ranks: tuple[int, ...], epoch: int) -> Iterator[tuple[dict[int, MessageSteps], int, Resume]]:
         """Each step of ``ranks``' messages: (the ranks' messages built, the step's index in them, where a resume
