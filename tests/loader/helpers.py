@@ -201,15 +201,16 @@ def run_worker_process(spec: dict) -> dict:
 
 
 def assert_resume_equal(source, kwargs: dict, *, stop_after: int, epochs=(0,), spawn: bool) -> None:
-    """Stop after ``stop_after`` steps, save the state, resume in a new loader (a new process when
-    ``spawn``): the two parts concatenated equal an uninterrupted run over ``epochs``."""
+    """Stop after ``stop_after`` steps, save the state, resume in a new loader (with ``spawn``, in a new process,
+    the state reaching it as JSON): the two parts concatenated equal an uninterrupted run over ``epochs``. The
+    parts before the resume run here (a process's start, imports and joining Ray cost seconds each)."""
     spec = {"source": str(source), "kwargs": kwargs, "epochs": list(epochs)}
-    run = run_worker_process if spawn else run_worker
     full = run_worker(spec)["steps"]
-    first = run({**spec, "stop_after": stop_after})
+    first = run_worker({**spec, "stop_after": stop_after})
     json.dumps(first["state"])  # JSON-able
     resumed = [e for e in epochs if e >= first["state"]["epoch"]]  # a training loop picks up there
-    rest = run({**spec, "state": first["state"], "epochs": resumed})["steps"]
+    resume = run_worker_process if spawn else run_worker
+    rest = resume({**spec, "state": first["state"], "epochs": resumed})["steps"]
     assert len(first["steps"]) == min(stop_after, len(full))
     assert first["steps"] + rest == full
 
