@@ -28,6 +28,34 @@ def ray_address():
         yield address
 
 
+# The numba kernels ``freescale warm`` compiles: the planner's and the loader's gathers (``loader.warm.dispatchers``).
+_KERNEL_MODULES = ("balancer.kernels", "loader.stages.kernels")
+
+
+def _kernel_signatures() -> int:
+    """Signatures of the warmed kernels compiled or loaded in this process so far (none before numba is imported)."""
+    if "numba" not in sys.modules:
+        return 0
+    from numba.core.registry import CPUDispatcher
+
+    return sum(len(kernel.signatures) for name, module in list(sys.modules.items())
+               if name.startswith(_KERNEL_MODULES) for kernel in vars(module).values()
+               if isinstance(kernel, CPUDispatcher))
+
+
+@pytest.fixture(autouse=True)
+def _kernel_free(request):
+    """A test marked ``kernel_free`` runs beside ``freescale warm`` (make test): it must not call the kernels that
+    compiles (it would compile them too, at the same time); it fails, naming the mark, where it did."""
+    if request.node.get_closest_marker("kernel_free") is None:
+        yield
+        return
+    before = _kernel_signatures()
+    yield
+    assert _kernel_signatures() == before, ("this test called numba kernels of balancer.kernels or "
+                                            "loader.stages.kernels: remove its kernel_free mark")
+
+
 def pytest_collection_modifyitems(config, items):
     """Skip ``gpu``-marked tests when torch sees no CUDA device (torch is imported only if one is collected)."""
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]

@@ -16,7 +16,11 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 from tests.source import parse
+
+pytestmark = pytest.mark.kernel_free  # make test runs it beside freescale warm (tests/conftest.py)
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("balancer", "loader", "analysis", "trainer", "cuda_ext", "freescale")

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.kernel_free  # make test runs it beside freescale warm (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("freescale", "analysis", "balancer", "loader", "trainer", "cuda_ext")
 

@@ -10,6 +10,8 @@ import torch
 
 from tests.bench import load
 
+pytestmark = pytest.mark.kernel_free  # make test runs it beside freescale warm (tests/conftest.py)
+
 attention_gpu = load("attention_gpu")
 
 

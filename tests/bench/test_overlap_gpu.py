@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.kernel_free  # make test runs it beside freescale warm (tests/conftest.py)
+
 SCRIPT = Path(__file__).parents[2] / "bench" / "overlap_gpu.py"
 
 

@@ -14,6 +14,8 @@ from moto.s3.models import s3_backends  # noqa: E402
 
 from tests.loopback_s3 import loopback_s3  # noqa: E402
 
+pytestmark = pytest.mark.kernel_free  # make test runs it beside freescale warm (tests/conftest.py)
+
 s3server = load("s3server")
 SIZE = 6 << 20  # past moto's in-memory limit (5 MiB): the object lives in a temporary file, as the bench's do
 HEADERS = ["bytes=0-99", "bytes=1000-", "bytes=5-5", f"bytes={SIZE - 10}-{SIZE + 100}", f"bytes=0-{SIZE - 1}",

@@ -2,7 +2,11 @@
 target, ours with locality against Ray Data's ``streaming_split`` of the same ranks, which holds only while ours
 also keeps its link target and delivers every row once."""
 
+import pytest
+
 from tests.bench import load
+
+pytestmark = pytest.mark.kernel_free  # make test runs it beside freescale warm (tests/conftest.py)
 
 bench_traffic = load("traffic")
 

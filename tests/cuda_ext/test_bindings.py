@@ -16,6 +16,8 @@ from cuda_ext.build import SOURCE_DIR
 from tests.cuda_ext.test_build import needs_nvcc
 from tests.source import parse
 
+pytestmark = pytest.mark.kernel_free  # make test runs it beside freescale warm (tests/conftest.py)
+
 ROOT = SOURCE_DIR.parent
 ENTRY = re.compile(r'(?:extern "C"\s+)?(?:const char\*|int)\s+(fs_\w+)\(([^)]*)\)\s*\{', re.S)
 

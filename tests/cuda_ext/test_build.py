@@ -10,6 +10,8 @@ import pytest
 
 from cuda_ext import build
 
+pytestmark = pytest.mark.kernel_free  # make test runs it beside freescale warm (tests/conftest.py)
+
 PROBE = 'extern "C" int fs_probe_{tag}() {{ return {value}; }}\n'
 
 

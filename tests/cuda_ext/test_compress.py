@@ -15,6 +15,8 @@ from hypothesis import strategies as st
 from cuda_ext.compress import (FLAG_ZERO_BYTES, code_bits, compress, decompress, ratio_vs_bf16, read_header,
                                zero_bytes_decode, zero_bytes_encode, zero_bytes_pay)
 
+pytestmark = pytest.mark.kernel_free  # make test runs it beside freescale warm (tests/conftest.py)
+
 EBS = [1e-1, 1e-2, 1e-3, 1e-4]
 
 

@@ -11,6 +11,8 @@ import torch
 from cuda_ext import compress as codec
 from tests.triton_checks import run_interpreted
 
+pytestmark = pytest.mark.kernel_free  # make test runs it beside freescale warm (tests/conftest.py)
+
 pytest.importorskip("triton", reason="the test extra installs triton (pip install -e '.[test]')")
 
 

@@ -20,6 +20,8 @@ from trainer.attention import (
     time_bucket,
 )
 
+pytestmark = pytest.mark.kernel_free  # make test runs it beside freescale warm (tests/conftest.py)
+
 MAX_LEN = 40
 
 

@@ -12,6 +12,8 @@ from trainer.transport import Transport, make_exchange
 from trainer.transport.compressed import CompressedExchange, ErrorBoundSchedule, compressed_exchanges
 from trainer.transport.torch_dist import TorchExchange
 
+pytestmark = pytest.mark.kernel_free  # make test runs it beside freescale warm (tests/conftest.py)
+
 
 def test_schedule_starts_at_twice_and_decays_to_base():
     s = ErrorBoundSchedule(1e-3, decay_steps=100)

@@ -11,6 +11,8 @@ from trainer.transport import Transport, copy_engine, make_exchange
 from trainer.transport.copy_engine import CopyEngineExchange, receive_offsets
 from trainer.transport.torch_dist import TorchExchange
 
+pytestmark = pytest.mark.kernel_free  # make test runs it beside freescale warm (tests/conftest.py)
+
 
 @pytest.fixture
 def cuda_cache(tmp_path_factory, monkeypatch):

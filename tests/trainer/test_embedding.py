@@ -8,6 +8,8 @@ from trainer.embedding import INIT_CHUNK_ROWS, ShardedEmbedding, reference_table
 from trainer.transport import Exchange, Transport, make_exchange
 from trainer.transport.torch_dist import TorchExchange
 
+pytestmark = pytest.mark.kernel_free  # make test runs it beside freescale warm (tests/conftest.py)
+
 NUM_ITEMS, DIM, LR, EPS = 23, 4, 0.1, 1e-8
 
 

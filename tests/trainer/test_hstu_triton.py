@@ -11,6 +11,8 @@ from tests.triton_checks import run_interpreted
 from trainer import attention as attention_module
 from trainer.attention import AttentionImpl, resolve_impl, time_bucket
 
+pytestmark = pytest.mark.kernel_free  # make test runs it beside freescale warm (tests/conftest.py)
+
 pytest.importorskip("triton", reason="the test extra installs triton (pip install -e '.[test]')")
 
 

@@ -7,6 +7,8 @@ import torch
 
 from trainer.loss import num_targets, sampled_softmax_loss, target_positions
 
+pytestmark = pytest.mark.kernel_free  # make test runs it beside freescale warm (tests/conftest.py)
+
 
 def _offsets(lengths):
     return torch.tensor([0] + list(lengths), dtype=torch.long).cumsum(0)

@@ -7,6 +7,8 @@ from trainer.loss import num_targets, sampled_softmax_loss
 from trainer.ranking import evaluate_last_out, most_popular_hr_ndcg
 from trainer.model import HSTU
 
+pytestmark = pytest.mark.kernel_free  # make test runs it beside freescale warm (tests/conftest.py)
+
 
 def _offsets(lengths):
     return torch.tensor([0] + list(lengths), dtype=torch.long).cumsum(0)

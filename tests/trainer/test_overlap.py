@@ -15,6 +15,8 @@ from trainer.timing import CudaEventClock, WallClock
 from trainer.transport import Transport, make_exchange
 from trainer.transport.torch_dist import TorchExchange
 
+pytestmark = pytest.mark.kernel_free  # make test runs it beside freescale warm (tests/conftest.py)
+
 NUM_ITEMS, DIM, STEPS, MICRO = 61, 4, 20, 2
 
 

@@ -8,6 +8,8 @@ import torch
 from trainer.ranking import evaluate_last_out, hr_ndcg, most_popular_hr_ndcg, ranks_of
 from trainer.model import HSTU
 
+pytestmark = pytest.mark.kernel_free  # make test runs it beside freescale warm (tests/conftest.py)
+
 
 def test_ranks_break_ties_by_item_id():
     scores = torch.tensor([[1.0, 2.0, 2.0, 0.0], [3.0, 3.0, 3.0, 3.0]])
