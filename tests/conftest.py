@@ -45,8 +45,8 @@ def _kernel_signatures() -> int:
 
 @pytest.fixture(autouse=True)
 def _kernel_free(request):
-    """A test marked ``kernel_free`` runs beside ``freescale warm`` (make test): it must not call the kernels that
-    compiles (it would compile them too, at the same time); it fails, naming the mark, where it did."""
+    """A test marked ``kernel_free`` runs beside ``freescale warm`` (make test), so it must call none of the kernels
+    the warm-up compiles (it would compile them too, at the same time): it fails, naming the mark, where it did."""
     if request.node.get_closest_marker("kernel_free") is None:
         yield
         return
