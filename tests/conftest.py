@@ -28,19 +28,14 @@ def ray_address():
         yield address
 
 
-# The numba kernels ``freescale warm`` compiles: the planner's and the loader's gathers (``loader.warm.dispatchers``).
-_KERNEL_MODULES = ("balancer.kernels", "loader.stages.kernels")
-
-
 def _kernel_signatures() -> int:
-    """Signatures of the warmed kernels compiled or loaded in this process so far (none before numba is imported)."""
+    """Signatures of the kernels ``freescale warm`` compiles (``loader.warm.signatures``) compiled or loaded in this
+    process so far: none before numba is imported (nor is the loader imported for it then)."""
     if "numba" not in sys.modules:
         return 0
-    from numba.core.registry import CPUDispatcher
+    from loader.warm import signatures
 
-    return sum(len(kernel.signatures) for name, module in list(sys.modules.items())
-               if name.startswith(_KERNEL_MODULES) for kernel in vars(module).values()
-               if isinstance(kernel, CPUDispatcher))
+    return sum(map(len, signatures().values()))
 
 
 @pytest.fixture(autouse=True)
