@@ -49,7 +49,6 @@ its floor ``max(total / R, costliest sample)``; the remaining starts could gain 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np

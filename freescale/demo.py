@@ -120,7 +120,7 @@ def _ingest(data: Path, rows: int, args: argparse.Namespace) -> None:
     from tqdm import tqdm
 
     from analysis.costfile import load_cost_model
-    from balancer import DEFAULT_COST_MODEL, CostModel, balance_metrics
+    from balancer import DEFAULT_COST_MODEL, balance_metrics
     from loader import SequenceLoader
 
     cost_model = load_cost_model(args.cost_model) if args.cost_model else None

@@ -2,7 +2,7 @@
 
 - :class:`ControlCalls`: the calls a trainer process makes (open, next, repair, leave, ...), each
   returning a pending reply; ``submit`` says how a call travels: a Ray actor call
-  (:class:`loader.backends.ray_backend.ActorControl`), or a coroutine on this process's control-plane event
+  (:class:`loader.backends.coordinator.ActorControl`), or a coroutine on this process's control-plane event
   loop (:class:`LoopCalls`, :func:`control_loop`).
 - :class:`Stream`: the messages of one run for some ranks, one request per rank kept in flight
   ahead of the consumer; every reply is a :data:`loader.control.protocol.Reply`. The Ray backend adds

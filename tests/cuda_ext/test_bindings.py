@@ -7,7 +7,6 @@ import ast
 import ctypes
 import inspect
 import re
-from pathlib import Path
 
 import pytest
 

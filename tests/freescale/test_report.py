@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from analysis.costfile import save_cost_model
-from balancer import CostModel, DEFAULT_COST_MODEL, plan
+from balancer import CostModel, plan
 from freescale.cli import main
 from loader.config import LoaderConfig
 from loader.stages.lengths import epoch_lengths

@@ -1,16 +1,16 @@
 """The Ray readers' liveness checks without a cluster: a node whose readers stay silent for the liveness
 timeout, or that Ray declares dead, is lost; a reader that answers again clears its node; a read that waits
-longer than the timeout names its node (loader.backends.ray_backend.RayReaders, with stand-in reader handles)."""
+longer than the timeout names its node (loader.backends.ray_readers.RayReaders, with stand-in reader handles)."""
 
 import asyncio
 
 import pytest
 
-from loader.backends import ray_backend
+from loader.backends import ray_readers
 from loader.config import LoaderConfig
 from loader.errors import NodeLost
 from loader.control.protocol import Where
-from loader.backends.ray_backend import RayReaders
+from loader.backends.ray_readers import RayReaders
 from loader.contract.sources import index_source
 
 from .helpers import synth
@@ -40,7 +40,7 @@ class _Reader:
 
 @pytest.fixture
 def readers(tmp_path, monkeypatch):
-    monkeypatch.setattr(ray_backend, "_POLL_S", 0.1)
+    monkeypatch.setattr(ray_readers, "_POLL_S", 0.1)
     index = index_source(synth(tmp_path, users=40, files=1))
     config = LoaderConfig(ranks=3, microbatches=1, samples_per_step=10, liveness_timeout=0.5, storage_retry_s=0.25)
     made = RayReaders(index, config)
@@ -50,7 +50,7 @@ def readers(tmp_path, monkeypatch):
 
 def test_silent_readers_lose_their_node_after_the_liveness_timeout(readers, monkeypatch):
     declared: set[str] = set()
-    monkeypatch.setattr(ray_backend.ray, "nodes", lambda: [{"NodeID": n, "Alive": n not in declared}
+    monkeypatch.setattr(ray_readers.ray, "nodes", lambda: [{"NodeID": n, "Alive": n not in declared}
                                                             for n in ("node-a", "node-b", "node-c")])
     wheres = [Where("node-a", 12), Where("node-a", 13), Where("node-b", 14), Where("node-c", 15)]
 

@@ -15,8 +15,9 @@ import ray
 from ray.exceptions import ActorUnavailableError
 
 from loader import SequenceLoader
-from loader.backends import ray_backend
+from loader.backends import ray_backend, ray_readers
 from loader.errors import RankLost
+from loader.control import production
 from loader.control.protocol import Step
 from loader.backends.ray_backend import NAMESPACE, coordinator_name
 from loader.backends.reader import shutdown_readers
@@ -204,7 +205,7 @@ def test_a_named_coordinator_sends_its_trainer_processes_larger_messages(ray_add
         remote = ray.get(coordinator.__ray_call__.remote(lambda host: host.control.service.message_bytes))
     with SequenceLoader(data, readers="actors", **kwargs) as loader:
         local = loader._client.control.handle.service.message_bytes
-    assert (remote, local) == (ray_backend.REMOTE_MESSAGE_BYTES, ray_backend.MESSAGE_BYTES)
+    assert (remote, local) == (production.REMOTE_MESSAGE_BYTES, production.MESSAGE_BYTES)
     assert remote > local
 
 
@@ -312,7 +313,7 @@ def test_a_row_groups_parts_go_to_one_reader_the_least_busy_one(data, monkeypatc
     # first a row group of an even id: where the reader was fixed by row group (id modulo readers), the busy one
     parted.sort(key=lambda units: int(groups[units[0]]) % 2)
     units = {(index.files[u.file].path, u.row_group, u.start): i for i, u in enumerate(index.units)}
-    readers = ray_backend.RayReaders(index, LoaderConfig.of({"ranks": 1, "microbatches": 1, "samples_per_step": 4}))
+    readers = ray_readers.RayReaders(index, LoaderConfig.of({"ranks": 1, "microbatches": 1, "samples_per_step": 4}))
     fakes = [_FakeReader(units), _FakeReader(units)]
     readers.set(fakes, ["node", "node"])
 
@@ -503,9 +504,6 @@ with SequenceLoader(sys.argv[1], **kwargs) as loader:
 
 def test_a_dead_trainer_process_fails_the_other_ranks_fast(ray_address, data):
     # Regression: a killed rank's peers waited on it for ever (120 s later, only a warning named it).
-    import subprocess
-    import sys
-
     kwargs = dict(ranks=2, microbatches=1, samples_per_step=10, shuffle_window=30, num_readers=2, prefetch_steps=1,
                   backend="ray", name="dies", ray_address=ray_address)
     with SequenceLoader(data, **kwargs) as loader:

@@ -9,7 +9,6 @@ import sys
 import textwrap
 
 import pytest
-import torch
 from torch.utils.data import DataLoader
 
 from loader import SequenceLoader
