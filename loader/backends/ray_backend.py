@@ -35,6 +35,9 @@ Ray's exceptions end here: where the loader knows what was lost they become its 
 The control plane publishes the loader's stats as Ray metrics and readers count what they decode
 (:mod:`loader.backends.telemetry`); a trainer process tells the control plane, with each request, how long
 its rank waited for the previous message and how many bytes it mapped for it.
+
+An unnamed loader's readers are owned by its process (a named one's by its coordinator,
+:mod:`loader.backends.coordinator`): an owner must outlive the others' use of what it owns.
 """
 
 from __future__ import annotations
